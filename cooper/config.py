@@ -1,0 +1,435 @@
+"""One config tree for every part of Cooper.
+
+Precedence, lowest first: field defaults < YAML file < environment (`COOPER_<SECTION>__<FIELD>`, for deployment)
+< dotted command-line overrides (`reward.http.port=8001`). Every model forbids unknown keys, so a typo fails at
+once with the dotted path of the key. This module must import without torch (a test checks): the CLI validates
+the config before it loads anything heavy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+ENV_PREFIX = "COOPER_"
+ENV_NESTING = "__"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key and what to do."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ServerConfig(StrictModel):
+    """How one gRPC service listens, and how clients reach it."""
+
+    host: str = "127.0.0.1"
+    """Interface the gRPC server binds (0.0.0.0 in containers)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port; 0 picks a free port (local runs)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Prometheus metrics HTTP port; None serves no metrics endpoint, 0 picks a free port."""
+    max_message_mb: int = Field(default=64, ge=1, le=2047)
+    """Largest gRPC message accepted or sent, in MiB."""
+    grace_s: float = Field(default=10.0, ge=0)
+    """On SIGTERM, how long in-flight calls may take to finish before they are cancelled."""
+    address: str | None = None
+    """host:port where clients reach the service; None means the orchestrator starts it locally."""
+    deadline_s: float = Field(default=600.0, gt=0)
+    """Clients' deadline for one call to this service."""
+    retries: int = Field(default=5, ge=0)
+    """Clients' retries of a call that failed with UNAVAILABLE (the only status retried)."""
+    retry_backoff_s: float = Field(default=0.2, gt=0)
+    """First retry delay; doubled after each retry."""
+
+
+def _server(port: int, metrics_port: int) -> Any:
+    return Field(default_factory=lambda: ServerConfig(port=port, metrics_port=metrics_port))
+
+
+class VerifierConfig(StrictModel):
+    """The rule verifier (math-verify in worker processes)."""
+
+    server: ServerConfig = _server(50051, 9101)
+    """gRPC server of the verifier."""
+    workers: int | None = Field(default=None, ge=1)
+    """Worker processes; None uses the CPU count."""
+    timeout_s: int = Field(default=3, ge=1)
+    """Hard per-item time limit in whole seconds (math-verify's timeouts misbehave with fractions)."""
+    chunk_size: int = Field(default=16, ge=1)
+    """Most items sent to a worker at once; a batch is cut into chunks so that all workers share it."""
+    max_chars: int = Field(default=20000, ge=100)
+    """Longer completions and references are cut to their last max_chars characters, where the answer is."""
+
+
+class HttpConfig(StrictModel):
+    """The reward service's HTTP API."""
+
+    host: str = "127.0.0.1"
+    """Interface the HTTP server binds."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """HTTP port; 0 picks a free port; None-like disabling is done with `enabled`."""
+    enabled: bool = True
+    """Serve the HTTP API next to gRPC."""
+    token: SecretStr | None = None
+    """Bearer token required on /v1/* and /get_reward; None leaves the API open."""
+    max_items: int = Field(default=512, ge=1)
+    """Most items in one request (413 beyond)."""
+    max_chars: int = Field(default=32000, ge=1)
+    """Longest question, reference or completion in characters (413 beyond)."""
+
+
+class BatchingConfig(StrictModel):
+    """Dynamic batching of scoring requests from gRPC and HTTP."""
+
+    max_batch_size: int = Field(default=64, ge=1)
+    """Most sequences in one forward pass."""
+    max_tokens: int = Field(default=32768, ge=1)
+    """Most padded tokens (batch size x longest sequence) in one forward pass."""
+    max_wait_ms: float = Field(default=5.0, ge=0)
+    """How long the first waiting request may wait for others to fill a batch."""
+    max_queue: int = Field(default=4096, ge=1)
+    """Most items waiting; beyond it requests are refused (HTTP 503 with Retry-After, gRPC RESOURCE_EXHAUSTED)."""
+    queue_timeout_s: float = Field(default=30.0, gt=0)
+    """An item waiting longer than this is failed instead of scored late."""
+
+
+class OptimConfig(StrictModel):
+    """AdamW with linear warm-up, then constant."""
+
+    lr: float = Field(default=1e-5, gt=0)
+    """Learning rate."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW epsilon."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Clip the total gradient norm to this value."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Updates over which the learning rate rises linearly from 0."""
+    micro_batch_size: int = Field(default=8, ge=1)
+    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+
+
+class RewardConfig(StrictModel):
+    """VerifyRM: scoring, online Bradley-Terry updates, versions."""
+
+    server: ServerConfig = _server(50052, 9102)
+    """gRPC server of the reward service."""
+    http: HttpConfig = Field(default_factory=HttpConfig)
+    """HTTP API served by the same process."""
+    model: str = "tiny"
+    """Hub id or local directory of a one-output sequence-classification model; "tiny" builds one locally."""
+    device: str = "auto"
+    """"auto" (cuda if present), "cpu" or "cuda:N"."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype; auto = float32 on CPU, bfloat16 on GPU."""
+    max_length: int = Field(default=2048, ge=16)
+    """Longest input in tokens; longer inputs are truncated from the left of the completion by the template."""
+    discrete: bool = False
+    """Reward = 1[sigmoid(logit) > 0.5] instead of sigmoid(logit)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    """Dynamic batching."""
+    checkpoint_dir: str = "checkpoints/reward"
+    """Where checkpoints go; start-up resumes from the latest one there."""
+    save_every: int = Field(default=0, ge=0)
+    """Write a checkpoint every N updates; 0 only on Save()."""
+
+
+class GRPOConfig(StrictModel):
+    """The GRPO loss (DESIGN.md section 1); defaults are the paper's."""
+
+    clip_low: float = Field(default=0.2, ge=0)
+    """Lower PPO ratio clip: ratio >= 1 - clip_low."""
+    clip_high: float = Field(default=0.2, ge=0)
+    """Upper PPO ratio clip: ratio <= 1 + clip_high."""
+    dual_clip: float = Field(default=3.0, gt=1)
+    """Dual clip c for negative advantages: the loss is at most -c * A."""
+    kl_coef: float = Field(default=0.001, ge=0)
+    """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
+    logratio_clamp: float = Field(default=20.0, gt=0)
+    """Log-ratios are clamped to [-x, x] before exp."""
+    kl_clamp: float = Field(default=10.0, gt=0)
+    """The k3 value is clamped to [-x, x]."""
+    adv_eps: float = Field(default=1e-6, gt=0)
+    """Added to the group std in the advantage."""
+    epochs: int = Field(default=1, ge=1)
+    """PPO epochs over each rollout."""
+
+
+class SamplingConfig(StrictModel):
+    """Rollout sampling."""
+
+    n: int = Field(default=16, ge=2)
+    """Completions per prompt (the group size G); at least 2, since a group of one has no relative signal."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling."""
+    max_new_tokens: int = Field(default=1024, ge=1)
+    """Most generated tokens per completion."""
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings."""
+
+
+class PolicyConfig(StrictModel):
+    """The policy: rollout engine and GRPO trainer."""
+
+    server: ServerConfig = _server(50053, 9103)
+    """gRPC server of the policy service."""
+    model: str = "tiny"
+    """Hub id or local directory of a causal LM; "tiny" builds one locally."""
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """Rollout engine; vllm needs a GPU and the `gpu` extra."""
+    device: str = "auto"
+    """"auto" (cuda if present), "cpu" or "cuda:N"."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto = float32 on CPU, bfloat16 on GPU."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Rollout sampling."""
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    """GRPO loss."""
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20))
+    """Optimizer (paper: lr 1e-6, 20 warm-up steps, wd 0.01, clip 1.0)."""
+    checkpoint_dir: str = "checkpoints/policy"
+    """Where checkpoints go; start-up resumes from the latest one there."""
+    save_every: int = Field(default=0, ge=0)
+    """Write a checkpoint every N updates; 0 only on Save()."""
+
+
+class AssistantConfig(StrictModel):
+    """The assistant LLM that writes negatives and judges."""
+
+    backend: Literal["transformers", "vllm", "openai"] = "transformers"
+    """In-process transformers, in-process vLLM, or any OpenAI-compatible chat endpoint."""
+    model: str = "tiny"
+    """Hub id or local directory (transformers, vllm); "tiny" builds one locally."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint, e.g. http://host:8000/v1 (backend openai)."""
+    api_key: SecretStr | None = None
+    """API key for the endpoint."""
+    model_name: str | None = None
+    """Model name sent to the endpoint."""
+    concurrency: int = Field(default=8, ge=1)
+    """Most assistant calls in flight at once."""
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    """Timeout of one call to the endpoint."""
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> AssistantConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("assistant.backend 'openai' needs assistant.base_url (e.g. http://host:8000/v1)")
+        return self
+
+
+class GeneratorConfig(StrictModel):
+    """Negative samples and the LLM judge."""
+
+    server: ServerConfig = _server(50054, 9104)
+    """gRPC server of the generator service."""
+    strategy: Literal["llm", "perturb"] = "perturb"
+    """llm: the assistant rewrites the positive; perturb: rule-based change of the final answer."""
+    attempts: int = Field(default=3, ge=1)
+    """Candidates tried per item before giving up."""
+    temperature: float = Field(default=0.7, ge=0)
+    """Assistant sampling temperature for negatives."""
+    extra_tokens: int = Field(default=500, ge=0)
+    """Assistant max tokens = the positive's word count + extra_tokens."""
+    assistant: AssistantConfig = Field(default_factory=AssistantConfig)
+    """The assistant LLM."""
+
+
+class RedisConfig(StrictModel):
+    """The job queue and run state."""
+
+    url: str | None = None
+    """redis://host:port/db; None starts an embedded Redis server for the run."""
+    key_prefix: str = "cooper"
+    """Every key is <key_prefix>:<run id>:..., so runs and tests never share keys."""
+
+
+class DataConfig(StrictModel):
+    """Training and evaluation data."""
+
+    preset: Literal["tiny", "files"] = "tiny"
+    """tiny: a synthetic arithmetic task built locally; files: train_path and test_paths."""
+    train_path: str | None = None
+    """JSONL or parquet with `question` and `answer` (optional `id`, `data_source`)."""
+    test_paths: dict[str, str] = Field(default_factory=dict)
+    """Benchmark name -> JSONL or parquet file, evaluated separately."""
+    prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    """Prompt built from a row; {question} is replaced."""
+
+    @model_validator(mode="after")
+    def _files_need_paths(self) -> DataConfig:
+        if self.preset == "files" and not self.train_path:
+            raise ValueError("data.preset 'files' needs data.train_path")
+        if "{question}" not in self.prompt_template:
+            raise ValueError("data.prompt_template must contain {question}")
+        return self
+
+
+class EvalConfig(StrictModel):
+    """Evaluation on held-out problems."""
+
+    every: int = Field(default=0, ge=0)
+    """Evaluate every N steps (and at the end); 0 never."""
+    k: int = Field(default=8, ge=1)
+    """Samples per problem."""
+    temperature: float = Field(default=0.7, ge=0)
+    """Sampling temperature."""
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    """Nucleus sampling."""
+    max_problems: int | None = Field(default=None, ge=1)
+    """Evaluate on the first N problems of each benchmark; None for all."""
+
+
+class RunConfig(StrictModel):
+    """One training run."""
+
+    name: str | None = None
+    """Run id and directory name under output_dir; None makes one from the time."""
+    output_dir: str = "runs"
+    """Parent of run directories."""
+    mode: Literal["rule", "static", "cooper"] = "cooper"
+    """rule: the verifier's 1/0; static: VerifyRM never updated; cooper: VerifyRM updated every step."""
+    seed: int = 0
+    """Seed of data order, sampling and initialisation."""
+    steps: int = Field(default=100, ge=1)
+    """Training steps."""
+    batch_size: int = Field(default=8, ge=1)
+    """Prompts per step (B)."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Checkpoint every N steps; 0 only at the end."""
+
+
+class CooperConfig(StrictModel):
+    """Everything a Cooper run or service needs."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    """The run."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Data."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Evaluation."""
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    """Queue and state."""
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    """Verifier service."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """Reward service."""
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    """Policy service."""
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+    """Generator service."""
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError(f"{origin}: empty key")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: '{'.'.join(parts[: i + 1])}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _parse_scalar(text: str) -> Any:
+    # YAML scalars, so `steps=5`, `stop=["\n"]` and `token=null` mean what they say.
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`COOPER_REWARD__HTTP__PORT=8001` -> {"reward": {"http": {"port": 8001}}}."""
+    tree: dict[str, Any] = {}
+    for name, text in environ.items():
+        if not name.startswith(ENV_PREFIX) or ENV_NESTING not in name:
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace(ENV_NESTING, ".")
+        _set_dotted(tree, dotted, _parse_scalar(text), f"environment variable {name}")
+    return tree
+
+
+def cli_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """["reward.http.port=8001", "run.steps=5"] -> nested dict."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override '{item}' is not of the form section.key=value")
+        _set_dotted(tree, key.strip(), _parse_scalar(text), f"override '{item}'")
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (presets live in configs/)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def describe_errors(err: ValidationError, origin: str) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown config key '{where}'")
+        else:
+            lines.append(f"config key '{where}': {e['msg']}")
+    return f"{origin}: " + "; ".join(lines)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> CooperConfig:
+    """Build the config from a YAML file, the environment and dotted overrides; ConfigError names any bad key."""
+    tree: dict[str, Any] = read_yaml(path) if path else {}
+    tree = _merge(tree, env_overrides(os.environ if environ is None else environ))
+    tree = _merge(tree, cli_overrides(overrides))
+    origin = f"config {path}" if path else "config"
+    try:
+        return CooperConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(describe_errors(err, origin)) from None
+
+
+def to_yaml(config: CooperConfig) -> str:
+    """The resolved config as YAML (secrets masked), for run directories and `cooper config show`."""
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,1 @@
+"""What every Cooper service shares: the gRPC server runtime and the client side of it."""

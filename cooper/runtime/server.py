@@ -1,0 +1,169 @@
+"""The gRPC server runtime shared by all services.
+
+One `grpc.aio` server per service with the standard health service, reflection, Prometheus metrics on their own
+HTTP port, the max message size from config, and a graceful stop: on SIGTERM or SIGINT the health status turns
+NOT_SERVING, new calls are refused, in-flight calls get `grace_s` to finish, then the service's own shutdown hook
+runs (worker pools, checkpoints). Services plug in with `add_servicers(server) -> [full service names]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import prometheus_client
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cooper.config import ServerConfig
+
+log = logging.getLogger("cooper.runtime")
+
+RPC_SECONDS = prometheus_client.Histogram(
+    "cooper_rpc_seconds", "Time spent in a gRPC method", ["service", "method", "code"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120, 600),
+)
+RPC_IN_FLIGHT = prometheus_client.Gauge("cooper_rpc_in_flight", "gRPC calls being served", ["service"])
+
+
+def grpc_options(max_message_mb: int) -> list[tuple[str, Any]]:
+    size = max_message_mb * 1024 * 1024
+    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
+
+
+class _MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts and times every unary call by method and status code."""
+
+    def __init__(self, service: str):
+        self.service = service
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        inner = handler.unary_unary
+        service = self.service
+
+        async def timed(request, context):  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            RPC_IN_FLIGHT.labels(service).inc()
+            code = "OK"
+            try:
+                return await inner(request, context)
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception:
+                code = str(context.code() or grpc.StatusCode.UNKNOWN).rsplit(".", 1)[-1]
+                raise
+            finally:
+                RPC_IN_FLIGHT.labels(service).dec()
+                RPC_SECONDS.labels(service, method, code).observe(time.perf_counter() - start)
+
+        return grpc.unary_unary_rpc_method_handler(
+            timed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class GrpcService:
+    """A running service: `await start()`, then `await wait_for_signal()` or `await stop()`."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        add_servicers: Callable[[grpc.aio.Server], list[str]],
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+    ):
+        self.name = name
+        self.config = config
+        self._add_servicers = add_servicers
+        self._on_stop = on_stop
+        self._health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._service_names: list[str] = []
+        self._stopped = asyncio.Event()
+        self.port: int = 0
+        self.metrics_port: int | None = None
+        self.ready_info: dict[str, Any] = {}
+        """Extra facts for the ready file, e.g. the reward service's HTTP port."""
+
+    async def start(self) -> int:
+        server = grpc.aio.server(
+            interceptors=[_MetricsInterceptor(self.name)], options=grpc_options(self.config.max_message_mb)
+        )
+        self._service_names = self._add_servicers(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"{self.name}: cannot bind gRPC port {self.config.host}:{self.config.port} (in use?)")
+        if self.config.metrics_port is not None:
+            metrics_server, _ = prometheus_client.start_http_server(self.config.metrics_port, addr=self.config.host)
+            self.metrics_port = metrics_server.server_port
+        await server.start()
+        self._server = server
+        for service_name in ["", *self._service_names]:
+            await self._health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving gRPC on %s:%d", self.name, self.config.host, self.port)
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Refuse new calls, let in-flight ones finish within `grace` seconds, then run the shutdown hook."""
+        if self._server is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(self.config.grace_s if grace is None else grace)
+        if self._on_stop is not None:
+            await self._on_stop()
+        log.info("%s stopped", self.name)
+
+    async def wait_for_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, signalled.set)
+        await signalled.wait()
+        log.info("%s: signal received, draining for up to %.1f s", self.name, self.config.grace_s)
+        await self.stop()
+
+    def write_ready_file(self, path: str | os.PathLike[str], **extra: Any) -> None:
+        """Write the bound ports as JSON (atomically) so a parent process knows where the service listens."""
+        data = {"service": self.name, "pid": os.getpid(), "grpc_port": self.port, "metrics_port": self.metrics_port}
+        data.update(self.ready_info)
+        data.update(extra)
+        target = Path(path)
+        tmp = target.with_suffix(target.suffix + ".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(target)
+
+
+def run_service(
+    create_service: Callable[[Any], Awaitable[GrpcService]], config: Any, ready_file: str | None = None
+) -> int:
+    """Entry point of `cooper serve NAME`: build the service, serve until SIGTERM/SIGINT, drain, exit 0."""
+
+    async def main() -> None:
+        service = await create_service(config)
+        await service.start()
+        if ready_file:
+            service.write_ready_file(ready_file)
+        await service.wait_for_signal()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,128 @@
+"""Tiny tokenizer and Qwen2-architecture models, built on the spot and cached on disk.
+
+They are saved with `save_pretrained` and loaded back with the same `from_pretrained` code that loads hub models,
+so the real loading path is what tests exercise. Builds go to a temp directory and are renamed into place, so
+several processes may ask for them at once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from cooper.tiny.task import make_split, wrong_solution
+
+TINY_VERSION = "v1"  # bump when the builders change, so stale caches are not reused
+VOCAB_SIZE = 512
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
+
+
+def cache_root() -> Path:
+    """$COOPER_CACHE, else ~/.cache/cooper."""
+    return Path(os.environ.get("COOPER_CACHE", Path.home() / ".cache" / "cooper"))
+
+
+def _build_once(name: str, build) -> Path:  # type: ignore[no-untyped-def]
+    target = cache_root() / "tiny" / TINY_VERSION / name
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build(tmp)
+        (tmp / ".complete").touch()
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _corpus() -> list[str]:
+    rng = random.Random(0)
+    lines = ["user", "assistant", "system", "Please reason step by step, and put your final answer within \\boxed{}."]
+    for p in make_split(2000, 0, "corpus"):
+        lines += [p.question, p.solution, wrong_solution(p, rng)]
+    lines += [f"<question>{p.question}</question>\n<reference_answer>{p.answer}</reference_answer>" for p in
+              make_split(200, 1, "corpus")]
+    return lines
+
+
+def tiny_tokenizer_dir() -> Path:
+    """A byte-level BPE tokenizer (512 tokens) with a ChatML template, trained on the tiny task's text."""
+
+    def build(out: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        )
+        tok.train_from_iterator(_corpus(), trainer=trainer)
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>", bos_token=None,
+            unk_token=None, additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+        )
+        fast.chat_template = CHAT_TEMPLATE
+        fast.padding_side = "left"
+        fast.save_pretrained(out)
+
+    return _build_once("tokenizer", build)
+
+
+def _qwen2_config(vocab_size: int, pad_id: int, eos_id: int):  # type: ignore[no-untyped-def]
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None,
+        num_labels=1, use_cache=True,
+    )
+
+
+def _build_model(kind: str, out: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
+    config = _qwen2_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    torch.manual_seed(0 if kind == "causal" else 1)
+    model = Qwen2ForCausalLM(config) if kind == "causal" else Qwen2ForSequenceClassification(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def tiny_causal_lm_dir() -> Path:
+    """A randomly initialised 2-layer Qwen2 causal LM (about 0.1M parameters) with its tokenizer."""
+    return _build_once("causal-lm", lambda out: _build_model("causal", out))
+
+
+def tiny_reward_model_dir() -> Path:
+    """A randomly initialised 2-layer Qwen2 sequence classifier with one output, with its tokenizer."""
+    return _build_once("reward-model", lambda out: _build_model("reward", out))
+
+
+def resolve_model(name: str, kind: str) -> str:
+    """"tiny" -> a locally built model directory of `kind` ("causal" or "reward"); anything else as given."""
+    if name != "tiny":
+        return name
+    if kind == "causal":
+        return str(tiny_causal_lm_dir())
+    if kind == "reward":
+        return str(tiny_reward_model_dir())
+    raise ValueError(f"unknown tiny model kind {kind!r}; expected 'causal' or 'reward'")

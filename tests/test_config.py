@@ -1,0 +1,90 @@
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cooper.config import ConfigError, CooperConfig, cli_overrides, env_overrides, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_defaults_are_the_papers():
+    c = CooperConfig()
+    assert c.policy.grpo.clip_low == 0.2 and c.policy.grpo.clip_high == 0.2 and c.policy.grpo.dual_clip == 3.0
+    assert c.policy.grpo.kl_coef == 0.001 and c.policy.optim.lr == 1e-6 and c.policy.optim.warmup_steps == 20
+    assert c.reward.optim.lr == 1e-5 and c.reward.optim.weight_decay == 0.01 and c.reward.optim.grad_clip == 1.0
+    assert c.generator.attempts == 3 and c.generator.temperature == 0.7
+    assert c.eval.k == 8 and c.eval.temperature == 0.7 and c.eval.top_p == 0.95
+
+
+def test_precedence_yaml_env_cli(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  steps: 3\n  seed: 7\nreward:\n  http:\n    port: 8100\n")
+    env = {"COOPER_RUN__STEPS": "4", "COOPER_REWARD__HTTP__TOKEN": "s3cret", "UNRELATED": "x"}
+    c = load_config(path, ["run.steps=5", 'policy.sampling.stop=["\\n\\n"]'], environ=env)
+    assert c.run.steps == 5  # cli beats env beats yaml
+    assert c.run.seed == 7
+    assert c.reward.http.port == 8100
+    assert c.reward.http.token is not None and c.reward.http.token.get_secret_value() == "s3cret"
+    assert c.policy.sampling.stop == ["\n\n"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["reward.servr.port=1"], "unknown config key 'reward.servr'"),
+        (["run.steps=zero"], "config key 'run.steps'"),
+        (["policy.sampling.n=1"], "config key 'policy.sampling.n'"),
+        (["verifier.timeout_s=0.5"], "config key 'verifier.timeout_s'"),
+        (["run.steps"], "not of the form"),
+        (["run.steps.x=1"], "config key 'run.steps'"),
+        (["run.steps=3", "run.steps.x=1"], "'run.steps' is a value"),
+    ],
+)
+def test_bad_config_names_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides, environ={})
+    assert needle in str(err.value)
+
+
+def test_bad_env_key_is_named():
+    with pytest.raises(ConfigError, match="unknown config key 'verifier.wrkers'"):
+        load_config(None, [], environ={"COOPER_VERIFIER__WRKERS": "2"})
+
+
+def test_parsers_build_nested_trees():
+    assert cli_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+    assert env_overrides({"COOPER_A__B": "true", "COOPER_PLAIN": "1"}) == {"a": {"b": True}}
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", environ={})
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_checked_in_config_loads(path):
+    load_config(path, environ={})
+
+
+def test_config_module_imports_without_torch():
+    code = "import sys, cooper.config, cooper.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_cli_rejects_a_bad_key_fast():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COOPER_")}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cooper.cli", "serve", "verifier", "--check-config", "verifier.wrkers=2"],
+        capture_output=True, text=True, env=env, cwd=ROOT,
+    )
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2
+    assert "unknown config key 'verifier.wrkers'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 3.0  # includes interpreter start-up; the check itself is well under a second
