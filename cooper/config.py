@@ -51,14 +51,40 @@ class ServerConfig(StrictModel):
     """First retry delay; doubled after each retry."""
 
 
-def _server(port: int, metrics_port: int) -> Any:
-    return Field(default_factory=lambda: ServerConfig(port=port, metrics_port=metrics_port))
+# Per-service defaults live in subclasses (not in default factories) so that overriding one key of a section,
+# say `verifier.server.host`, keeps the section's other defaults.
+class VerifierServerConfig(ServerConfig):
+    port: int = Field(default=50051, ge=0, le=65535)
+    """gRPC port of the verifier; 0 picks a free port."""
+    metrics_port: int | None = Field(default=9101, ge=0, le=65535)
+    """Prometheus metrics port; None for none, 0 picks a free port."""
+
+
+class RewardServerConfig(ServerConfig):
+    port: int = Field(default=50052, ge=0, le=65535)
+    """gRPC port of the reward service; 0 picks a free port."""
+    metrics_port: int | None = Field(default=9102, ge=0, le=65535)
+    """Prometheus metrics port; None for none, 0 picks a free port."""
+
+
+class PolicyServerConfig(ServerConfig):
+    port: int = Field(default=50053, ge=0, le=65535)
+    """gRPC port of the policy service; 0 picks a free port."""
+    metrics_port: int | None = Field(default=9103, ge=0, le=65535)
+    """Prometheus metrics port; None for none, 0 picks a free port."""
+
+
+class GeneratorServerConfig(ServerConfig):
+    port: int = Field(default=50054, ge=0, le=65535)
+    """gRPC port of the generator service; 0 picks a free port."""
+    metrics_port: int | None = Field(default=9104, ge=0, le=65535)
+    """Prometheus metrics port; None for none, 0 picks a free port."""
 
 
 class VerifierConfig(StrictModel):
     """The rule verifier (math-verify in worker processes)."""
 
-    server: ServerConfig = _server(50051, 9101)
+    server: VerifierServerConfig = Field(default_factory=VerifierServerConfig)
     """gRPC server of the verifier."""
     workers: int | None = Field(default=None, ge=1)
     """Worker processes; None uses the CPU count."""
@@ -121,10 +147,19 @@ class OptimConfig(StrictModel):
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
 
 
+class PolicyOptimConfig(OptimConfig):
+    """The policy's AdamW: the paper's lr 1e-6 with 20 warm-up steps (a subclass, so overriding one key keeps these)."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    """Learning rate."""
+    warmup_steps: int = Field(default=20, ge=0)
+    """Updates over which the learning rate rises linearly from 0."""
+
+
 class RewardConfig(StrictModel):
     """VerifyRM: scoring, online Bradley-Terry updates, versions."""
 
-    server: ServerConfig = _server(50052, 9102)
+    server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     """gRPC server of the reward service."""
     http: HttpConfig = Field(default_factory=HttpConfig)
     """HTTP API served by the same process."""
@@ -187,7 +222,7 @@ class SamplingConfig(StrictModel):
 class PolicyConfig(StrictModel):
     """The policy: rollout engine and GRPO trainer."""
 
-    server: ServerConfig = _server(50053, 9103)
+    server: PolicyServerConfig = Field(default_factory=PolicyServerConfig)
     """gRPC server of the policy service."""
     model: str = "tiny"
     """Hub id or local directory of a causal LM; "tiny" builds one locally."""
@@ -201,7 +236,7 @@ class PolicyConfig(StrictModel):
     """Rollout sampling."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     """GRPO loss."""
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=20))
+    optim: PolicyOptimConfig = Field(default_factory=lambda: PolicyOptimConfig())
     """Optimizer (paper: lr 1e-6, 20 warm-up steps, wd 0.01, clip 1.0)."""
     checkpoint_dir: str = "checkpoints/policy"
     """Where checkpoints go; start-up resumes from the latest one there."""
@@ -237,7 +272,7 @@ class AssistantConfig(StrictModel):
 class GeneratorConfig(StrictModel):
     """Negative samples and the LLM judge."""
 
-    server: ServerConfig = _server(50054, 9104)
+    server: GeneratorServerConfig = Field(default_factory=GeneratorServerConfig)
     """gRPC server of the generator service."""
     strategy: Literal["llm", "perturb"] = "perturb"
     """llm: the assistant rewrites the positive; perturb: rule-based change of the final answer."""

@@ -88,3 +88,11 @@ def test_cli_rejects_a_bad_key_fast():
     assert "unknown config key 'verifier.wrkers'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert elapsed < 3.0  # includes interpreter start-up; the check itself is well under a second
+
+
+def test_overriding_one_key_keeps_the_sections_other_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("verifier:\n  server:\n    host: 0.0.0.0\n")
+    c = load_config(path, ["reward.server.port=6000"], environ={})
+    assert (c.verifier.server.host, c.verifier.server.port, c.verifier.server.metrics_port) == ("0.0.0.0", 50051, 9101)
+    assert (c.reward.server.port, c.reward.server.metrics_port) == (6000, 9102)
