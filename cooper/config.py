@@ -111,6 +111,8 @@ class HttpConfig(StrictModel):
     """Most items in one request (413 beyond)."""
     max_chars: int = Field(default=32000, ge=1)
     """Longest question, reference or completion in characters (413 beyond)."""
+    max_body_mb: float = Field(default=64.0, gt=0)
+    """Largest request body in MiB, checked on Content-Length before the body is read (413 beyond)."""
 
 
 class BatchingConfig(StrictModel):
@@ -181,6 +183,10 @@ class RewardConfig(StrictModel):
     """Where checkpoints go; start-up resumes from the latest one there."""
     save_every: int = Field(default=0, ge=0)
     """Write a checkpoint every N updates; 0 only on Save()."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save."""
+    save_on_stop: bool = True
+    """On a graceful stop (SIGTERM), write a checkpoint if updates were applied since the last one."""
 
 
 class GRPOConfig(StrictModel):

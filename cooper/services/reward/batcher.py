@@ -1,0 +1,270 @@
+"""Dynamic batching of scoring requests, and the one thread that touches the model.
+
+Requests from gRPC and HTTP queue here as encoded items; one asyncio task cuts FIFO batches by count, by padded
+tokens (batch size x longest sequence) and by wait time, and runs each on a single model thread. Updates and saves
+enter the same queue as exclusive jobs, so the model thread runs either a scoring batch or an update, never both:
+a score never sees half-updated weights, and because a request's items are queued together and the queue is
+FIFO, all items of one request come from the same model version.
+
+Admission control: at most `max_queue` items wait (beyond: QueueFull, with a retry hint); an item that waited
+longer than `queue_timeout_s` fails with QueueTimeout instead of being scored late; a request whose caller went
+away (cancelled future) is dropped without running the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import prometheus_client
+
+from cooper.config import BatchingConfig
+
+T = TypeVar("T")
+
+QUEUE_SECONDS = prometheus_client.Histogram(
+    "cooper_reward_queue_seconds", "Time a scoring request waited before its last batch started",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+MODEL_SECONDS = prometheus_client.Histogram(
+    "cooper_reward_model_seconds", "Time of one scoring forward pass (one batch)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+BATCH_ITEMS = prometheus_client.Histogram(
+    "cooper_reward_batch_items", "Items per scoring batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+QUEUED_ITEMS = prometheus_client.Gauge("cooper_reward_queued_items", "Scoring items waiting for the model")
+REJECTED = prometheus_client.Counter("cooper_reward_rejected_total", "Scoring requests refused", ["reason"])
+
+
+class QueueFull(Exception):
+    """The queue holds max_queue items; retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeout(Exception):
+    """A request waited longer than queue_timeout_s and was not scored."""
+
+
+class RequestTooLarge(Exception):
+    """A request holds more items than the queue can ever admit."""
+
+
+# run_batch(token_lists) -> (logits in order, model version that produced them); runs on the model thread.
+RunBatch = Callable[[list[Sequence[int]]], tuple[list[float], int]]
+
+
+@dataclass(eq=False)
+class _Request:
+    tokens: Sequence[Sequence[int]]
+    future: asyncio.Future[tuple[list[float], int]]
+    enqueued: float
+    next_item: int = 0  # items before this one are in a batch already
+    done_items: int = 0
+    logits: list[float] = field(default_factory=list)
+    version: int | None = None
+
+
+@dataclass(eq=False)
+class _Exclusive:
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
+class Batcher:
+    """Start with `start()` inside the event loop; `submit` scores, `run_exclusive` runs a model job alone."""
+
+    def __init__(self, run_batch: RunBatch, config: BatchingConfig):
+        self.run_batch = run_batch
+        self.config = config
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-rm")
+        self._queue: deque[_Request | _Exclusive] = deque()
+        self._queued_items = 0
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._items_per_s = 0.0  # moving average, for Retry-After hints
+
+    @property
+    def queued_items(self) -> int:
+        return self._queued_items
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="reward-batcher")
+
+    async def stop(self) -> None:
+        """Fail what still waits, stop the loop, and wait for the model thread to finish its current job."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._queue:
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.set_exception(QueueTimeout("the reward service is shutting down"))
+        self._queued_items = 0
+        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown)
+
+    async def submit(self, tokens: Sequence[Sequence[int]]) -> tuple[list[float], int]:
+        """Logits of `tokens` in order, and the one model version that produced all of them."""
+        if len(tokens) > self.config.max_queue:
+            REJECTED.labels("too_large").inc()
+            raise RequestTooLarge(
+                f"{len(tokens)} items is more than reward.batching.max_queue={self.config.max_queue}; split the request"
+            )
+        if self._queued_items + len(tokens) > self.config.max_queue:
+            REJECTED.labels("queue_full").inc()
+            raise QueueFull(
+                f"scoring queue full ({self._queued_items} items waiting, max {self.config.max_queue})",
+                self._retry_after(),
+            )
+        future: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(tokens, future, time.monotonic(), logits=[0.0] * len(tokens)))
+        self._queued_items += len(tokens)
+        QUEUED_ITEMS.set(self._queued_items)
+        self._arrived.set()
+        return await future
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run fn on the model thread after every request queued before it, and before any queued after it."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Exclusive(fn, future))
+        self._arrived.set()
+        return await future
+
+    def _retry_after(self) -> int:
+        if self._items_per_s <= 0:
+            return 1
+        return max(1, math.ceil(self._queued_items / self._items_per_s))
+
+    # ----- the loop -----
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            head = self._queue[0]
+            if isinstance(head, _Exclusive):
+                self._queue.popleft()
+                await self._run_exclusive(loop, head)
+                continue
+            await self._wait_for_batch(head)
+            batch = self._take_batch()
+            if batch:
+                await self._run_scoring(loop, batch)
+
+    async def _run_exclusive(self, loop: asyncio.AbstractEventLoop, job: _Exclusive) -> None:
+        try:
+            result = await loop.run_in_executor(self.executor, job.fn)
+        except Exception as err:  # the caller gets the error; the loop keeps serving
+            if not job.future.done():
+                job.future.set_exception(err)
+            return
+        if not job.future.done():
+            job.future.set_result(result)
+
+    async def _wait_for_batch(self, head: _Request) -> None:
+        """Wait until a full batch waits or the head request has waited max_wait_ms."""
+        deadline = head.enqueued + self.config.max_wait_ms / 1000
+        while self._pending_items_before_exclusive() < self.config.max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:  # not the builtin before Python 3.11
+                return
+
+    def _pending_items_before_exclusive(self) -> int:
+        count = 0
+        for job in self._queue:
+            if isinstance(job, _Exclusive):
+                break
+            count += len(job.tokens) - job.next_item
+            if count >= self.config.max_batch_size:
+                break
+        return count
+
+    def _take_batch(self) -> list[tuple[_Request, int]]:
+        """Pop up to max_batch_size items, padded size within max_tokens, from the head of the queue."""
+        now = time.monotonic()
+        batch: list[tuple[_Request, int]] = []
+        longest = 0
+        while self._queue and isinstance(self._queue[0], _Request):
+            request = self._queue[0]
+            if request.next_item == 0 and self._drop_if_stale(request, now):
+                continue
+            while request.next_item < len(request.tokens):
+                length = len(request.tokens[request.next_item])
+                padded = (len(batch) + 1) * max(longest, length)
+                if batch and (len(batch) >= self.config.max_batch_size or padded > self.config.max_tokens):
+                    return batch  # an item longer than max_tokens still runs, alone
+                batch.append((request, request.next_item))
+                longest = max(longest, length)
+                request.next_item += 1
+            self._queue.popleft()
+            QUEUE_SECONDS.observe(now - request.enqueued)
+        return batch
+
+    def _drop_if_stale(self, request: _Request, now: float) -> bool:
+        stale = now - request.enqueued > self.config.queue_timeout_s
+        if not (stale or request.future.done()):
+            return False
+        self._queue.popleft()
+        self._queued_items -= len(request.tokens)
+        QUEUED_ITEMS.set(self._queued_items)
+        if stale and not request.future.done():
+            REJECTED.labels("queue_timeout").inc()
+            request.future.set_exception(QueueTimeout(
+                f"waited {now - request.enqueued:.1f} s in the scoring queue (reward.batching.queue_timeout_s="
+                f"{self.config.queue_timeout_s}); the service is overloaded, retry later"
+            ))
+        return True
+
+    async def _run_scoring(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]) -> None:
+        tokens = [request.tokens[index] for request, index in batch]
+        start = time.perf_counter()
+        try:
+            logits, version = await loop.run_in_executor(self.executor, self.run_batch, tokens)
+        except Exception as err:
+            self._finish(batch, error=err)
+            return
+        elapsed = time.perf_counter() - start
+        MODEL_SECONDS.observe(elapsed)
+        BATCH_ITEMS.observe(len(batch))
+        rate = len(batch) / max(elapsed, 1e-6)
+        self._items_per_s = rate if self._items_per_s == 0 else 0.9 * self._items_per_s + 0.1 * rate
+        for (request, index), logit in zip(batch, logits, strict=True):
+            request.logits[index] = logit
+            if request.version is not None and request.version != version:
+                raise AssertionError("a request's items came from two model versions")  # FIFO makes this impossible
+            request.version = version
+        self._finish(batch)
+
+    def _finish(self, batch: list[tuple[_Request, int]], error: Exception | None = None) -> None:
+        for request, _ in batch:
+            request.done_items += 1
+            self._queued_items -= 1
+            if request.future.done():
+                continue
+            if error is not None:
+                request.future.set_exception(error)
+            elif request.done_items == len(request.tokens):
+                assert request.version is not None
+                request.future.set_result((request.logits, request.version))
+        QUEUED_ITEMS.set(self._queued_items)

@@ -1,0 +1,188 @@
+"""FastAPI routes of the reward service, thin: parse, call RewardHttpHandler, render. Plus the embedded uvicorn.
+
+Served next to gRPC in one process (`cooper serve reward`), on the same event loop and the same batcher, so HTTP
+and gRPC requests share model batches. `create_app(config)` alone (no service passed) builds the service in the
+lifespan, for running the HTTP API by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cooper.config import RewardConfig
+from cooper.services.reward import protocol
+from cooper.services.reward.handler import ApiError, RewardHttpHandler
+from cooper.services.reward.service import RewardService
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": protocol.ErrorResponse, "description": text}
+    for status, text in [(401, "missing or wrong bearer token"), (413, "too many items, text or body too long"),
+                         (422, "malformed body"), (503, "queue full or timed out; see Retry-After")]
+}
+
+bearer = HTTPBearer(auto_error=False, description="reward.http.token, when one is configured")
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s is not None else None
+    if err.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse(err.body().model_dump(), status_code=err.status, headers=headers)
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 when Content-Length exceeds the limit, before the body is read."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                    err = ApiError(413, "too_large", f"request body of {int(value)} bytes; at most {self.max_bytes} "
+                                   "(reward.http.max_body_mb)")
+                    await _error_response(err)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def handler(request: Request) -> RewardHttpHandler:
+    return request.app.state.handler
+
+
+def authorized(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> RewardHttpHandler:
+    api = handler(request)
+    api.authorize(credentials.credentials if credentials else None)
+    return api
+
+
+Authorized = Annotated[RewardHttpHandler, Depends(authorized)]
+
+
+def create_app(config: RewardConfig, service: RewardService | None = None) -> FastAPI:
+    """The HTTP API over `service`, or over a service the lifespan builds (and stops) when none is given."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = service is None
+        core = service if service is not None else await RewardService.create(config)
+        app.state.handler = RewardHttpHandler(core, config.http)
+        try:
+            yield
+        finally:
+            if owned:
+                await core.stop()
+
+    app = FastAPI(
+        title="Cooper reward service",
+        description="VerifyRM scores with the model version that produced them. Same batcher as the gRPC API.",
+        version="1", lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, max_bytes=int(config.http.max_body_mb * 1024 * 1024))
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError) -> JSONResponse:
+        return _error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, err: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5])
+        return _error_response(ApiError(422, "invalid_request", f"malformed request: {problems}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
+        return _error_response(ApiError(err.status_code, kind, str(err.detail)))
+
+    @app.post("/v1/score", response_model=protocol.ScoreResponse, responses=ERRORS)
+    async def score(body: protocol.ScoreRequest, api: Authorized) -> Any:
+        """Score items; every score in the answer came from model `version`."""
+        return await api.score(body)
+
+    @app.get("/v1/model", response_model=protocol.ModelResponse, responses=ERRORS)
+    async def model(api: Authorized) -> Any:
+        """The model, its current version and latest checkpoint."""
+        return api.model_info()
+
+    @app.post("/get_reward", response_model=protocol.OpenRLHFResponse, responses=ERRORS)
+    async def get_reward(body: protocol.OpenRLHFRequest, api: Authorized) -> Any:
+        """OpenRLHF's remote reward model protocol (`--remote_rm_url http://host:port/get_reward`)."""
+        return await api.get_reward(body)
+
+    @app.get("/healthz", response_model=protocol.StatusResponse)
+    async def healthz(request: Request) -> Any:
+        """Liveness: the process answers."""
+        return handler(request).health()
+
+    @app.get("/readyz", response_model=protocol.StatusResponse, responses=ERRORS)
+    async def readyz(request: Request) -> Any:
+        """Readiness: the model is loaded and the batcher runs (503 while starting or draining)."""
+        return handler(request).readiness()
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics of the whole process (HTTP, gRPC, batcher, model)."""
+        body, content_type = handler(request).metrics()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside someone else's event loop: the GrpcService owns SIGTERM, so uvicorn must not take it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+    def install_signal_handlers(self) -> None:  # older uvicorn
+        pass
+
+
+@dataclass
+class HttpServer:
+    server: _EmbeddedUvicorn
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish, run the app's lifespan shutdown."""
+        self.server.should_exit = True
+        await self.task
+
+
+async def start_http(app: FastAPI, host: str, port: int) -> HttpServer:
+    """Start uvicorn on the running event loop; returns once it accepts connections (port 0 picks a free one)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"reward HTTP: cannot bind {host}:{port} ({err.strerror}); set reward.http.port") from None
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=10)
+    server = _EmbeddedUvicorn(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="reward-http")
+    while not server.started:
+        if task.done():
+            task.result()  # raises the start-up error
+            raise RuntimeError("reward HTTP server exited during start-up")
+        await asyncio.sleep(0.01)
+    return HttpServer(server, task, sock.getsockname()[1])

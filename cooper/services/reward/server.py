@@ -1,0 +1,94 @@
+"""gRPC front of the reward service, and `cooper serve reward`: gRPC and HTTP in one process, one event loop.
+
+Only message translation here; the logic is in service.py. Status codes: a full queue is RESOURCE_EXHAUSTED, a
+queue timeout UNAVAILABLE (clients retry it), a request bigger than the queue INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from cooper.config import CooperConfig
+from cooper.protos.common.v1 import common_pb2
+from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
+from cooper.runtime.server import GrpcService
+from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.http import HttpServer, create_app, start_http
+from cooper.services.reward.service import RewardService, ScoreResult, idempotency_key
+from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
+
+log = logging.getLogger("cooper.reward")
+
+SERVICE_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
+
+
+class RewardServicer(reward_pb2_grpc.RewardServicer):
+    def __init__(self, service: RewardService):
+        self.service = service
+
+    async def Score(self, request: reward_pb2.ScoreRequest, context: grpc.aio.ServicerContext) -> reward_pb2.ScoreResponse:
+        items = [ScoreItem(i.question, i.reference, i.completion) for i in request.items]
+        result: ScoreResult | None = None
+        try:
+            result = await self.service.score(items)
+        except QueueFull as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{err}; retry in {err.retry_after_s} s")
+        except QueueTimeout as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except RequestTooLarge as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        assert result is not None
+        return reward_pb2.ScoreResponse(
+            scores=[reward_pb2.Score(score=s, logit=x) for s, x in zip(result.scores, result.logits, strict=True)],
+            version=result.version,
+        )
+
+    async def Update(self, request: reward_pb2.UpdateRequest, context: grpc.aio.ServicerContext) -> reward_pb2.UpdateResponse:
+        pairs = [PreferencePair(p.question, p.reference, p.positive, p.negative) for p in request.pairs]
+        result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
+        return reward_pb2.UpdateResponse(
+            loss=result.loss, grad_norm=result.grad_norm, pair_accuracy_before=result.pair_accuracy_before,
+            pair_accuracy_after=result.pair_accuracy_after, version=result.version, skipped=result.skipped,
+            replayed=result.replayed,
+        )
+
+    async def Info(self, request: reward_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> reward_pb2.InfoResponse:
+        info = self.service.info()
+        return reward_pb2.InfoResponse(model=info.model, version=info.version, parameters=info.parameters,
+                                       device=info.device, last_key=info.last_key, checkpoint=info.checkpoint)
+
+    async def Save(self, request: common_pb2.SaveRequest, context: grpc.aio.ServicerContext) -> common_pb2.SaveResponse:
+        saved = await self.service.save(request.tag)
+        return common_pb2.SaveResponse(path=saved.path, version=saved.version)
+
+
+async def create_service(config: CooperConfig) -> GrpcService:
+    """Load VerifyRM (latest checkpoint first), start the batcher and the HTTP API; the CLI starts gRPC."""
+    cfg = config.reward
+    service = await RewardService.create(cfg)
+    http: HttpServer | None = None
+    if cfg.http.enabled:
+        try:
+            http = await start_http(create_app(cfg, service), cfg.http.host, cfg.http.port)
+        except BaseException:
+            await service.stop()
+            raise
+        log.info("reward serving HTTP on %s:%d", cfg.http.host, http.port)
+
+    def add_servicers(server: grpc.aio.Server) -> list[str]:
+        reward_pb2_grpc.add_RewardServicer_to_server(RewardServicer(service), server)
+        return [SERVICE_NAME]
+
+    async def on_stop() -> None:
+        # gRPC has drained by now; HTTP drains next, then unsaved updates are checkpointed.
+        if http is not None:
+            await http.stop()
+        await service.stop()
+
+    grpc_service = GrpcService("reward", cfg.server, add_servicers, on_stop)
+    if http is not None:
+        grpc_service.ready_info["http_port"] = http.port
+    grpc_service.ready_info["version"] = service.rm.version
+    return grpc_service

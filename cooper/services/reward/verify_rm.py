@@ -1,0 +1,303 @@
+"""VerifyRM: the reward model as plain functions over lists (no gRPC, no HTTP, no asyncio).
+
+A sequence-classification model with one output scores a (question, reference, completion) text; the
+Bradley-Terry loss trains it on (positive, negative) pairs and BCE pre-trains it on labelled triples
+(DESIGN.md section 1). Left out on purpose: LoRA, gradient checkpointing and multi-GPU sharding; the paper's
+1.5B model trains on one GPU without them.
+
+Padding: sequences are padded on the right with a full attention mask. A causal model's real tokens never attend
+to the pads after them and keep positions 0..n-1, so a batched score equals the unbatched one up to float
+rounding (tested to 1e-5). The model's own pooling picks the last non-pad token; user text is tokenized with
+`split_special_tokens=True`, so a completion cannot smuggle in a pad token and move that pooling point.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cooper.config import OptimConfig
+
+HEAD_CHARS = 500
+TAIL_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One completion to score against its question and reference answer."""
+
+    question: str
+    reference: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """`positive` should score above `negative` for the same question and reference."""
+
+    question: str
+    reference: str
+    positive: str
+    negative: str
+
+
+@dataclass(frozen=True)
+class LabelledTriple:
+    """A completion with its correctness label, for BCE pre-training (hybrid annotation's output)."""
+
+    question: str
+    reference: str
+    completion: str
+    label: bool
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one Bradley-Terry update did; `version` is the model version after it."""
+
+    loss: float
+    grad_norm: float
+    pair_accuracy_before: float
+    pair_accuracy_after: float
+    version: int
+    skipped: bool
+
+
+def truncate_middle(text: str) -> str:
+    """Over 1,500 characters: keep the first 500 and the last 1,000 (the final answer sits at the end)."""
+    if len(text) <= HEAD_CHARS + TAIL_CHARS:
+        return text
+    return text[:HEAD_CHARS] + text[-TAIL_CHARS:]
+
+
+def format_input(question: str, reference: str, completion: str) -> str:
+    """The exact VerifyRM input of DESIGN.md section 1: raw text, no chat template."""
+    return (
+        f"<question>{question}</question>\n"
+        f"<reference_answer>{truncate_middle(reference)}</reference_answer>\n"
+        f"<completion>{truncate_middle(completion)}</completion>"
+    )
+
+
+def bradley_terry_loss(positive_logits: torch.Tensor, negative_logits: torch.Tensor) -> torch.Tensor:
+    """mean(-log sigmoid(s_pos - s_neg)) on raw logits; [n], [n] -> scalar."""
+    return -F.logsigmoid(positive_logits.float() - negative_logits.float()).mean()
+
+
+def pair_accuracy(positive_logits: Sequence[float], negative_logits: Sequence[float]) -> float:
+    """Fraction of pairs with s_pos > s_neg (ties count as wrong)."""
+    if not positive_logits:
+        return 0.0
+    return sum(p > n for p, n in zip(positive_logits, negative_logits, strict=True)) / len(positive_logits)
+
+
+def sigmoid(logit: float) -> float:
+    if logit >= 0:
+        return 1.0 / (1.0 + math.exp(-logit))
+    z = math.exp(logit)
+    return z / (1.0 + z)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+class VerifyRM:
+    """The model, its tokenizer and its optimizer. Not thread-safe: the service runs it on one thread."""
+
+    def __init__(self, model: Any, tokenizer: Any, optim: OptimConfig, max_length: int, source: str = ""):
+        self.model = model.eval()  # eval also while training: dropout off, as usual for reward models
+        self.tokenizer = tokenizer
+        self.optim_config = optim
+        self.max_length = max_length
+        self.source = source
+        self.version = 0
+        self.device = next(model.parameters()).device
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise ValueError(f"reward model {source!r}: the tokenizer has neither a pad nor an eos token; add one")
+        self.pad_id = int(pad_id)
+        # Batched inputs need the model to know the pad id to find each row's last real token.
+        self.model.config.pad_token_id = self.pad_id
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=optim.lr, betas=optim.betas, eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        warmup = optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        self._tokenizer_lock = threading.Lock()  # fast tokenizers refuse concurrent use from two threads
+
+    @classmethod
+    def load(
+        cls, source: str, optim: OptimConfig, max_length: int = 2048, device: str = "auto", dtype: str = "auto"
+    ) -> VerifyRM:
+        """Load a one-output sequence classifier by hub id or local directory."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        target = resolve_device(device)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForSequenceClassification.from_pretrained(source, dtype=resolve_dtype(dtype, target))
+        if model.config.num_labels != 1:
+            raise ValueError(
+                f"reward model {source!r} has {model.config.num_labels} outputs; VerifyRM needs a "
+                "sequence-classification model with num_labels=1"
+            )
+        return cls(model.to(target), tokenizer, optim, max_length, source)
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # ----- tokens -----
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        with self._tokenizer_lock:
+            return self.tokenizer(texts, split_special_tokens=True)["input_ids"]
+
+    def encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
+        """Token ids of the template, at most max_length each (the completion loses its start first)."""
+        ids = self._encode([format_input(i.question, i.reference, i.completion) for i in items])
+        return [x if len(x) <= self.max_length else self._encode_long(item) for x, item in zip(ids, items, strict=True)]
+
+    def _encode_long(self, item: ScoreItem) -> list[int]:
+        # Rare path: tokenize the parts apart and cut the start of the completion, where nothing is decided.
+        head = format_input(item.question, item.reference, "").removesuffix("</completion>")
+        tail = truncate_middle(item.completion) + "</completion>"
+        head_ids, tail_ids = self._encode([head, tail])
+        room = self.max_length - len(head_ids)
+        if room <= 0:
+            return (head_ids + tail_ids)[-self.max_length :]
+        return head_ids + tail_ids[-room:]
+
+    def _batch(self, token_lists: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        longest = max(len(x) for x in token_lists)
+        input_ids = torch.full((len(token_lists), longest), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(token_lists), longest), dtype=torch.long)
+        for row, ids in enumerate(token_lists):  # right padding, see the module docstring
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
+
+    def forward(self, token_lists: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Raw logits [n] (float32), with autograd if enabled by the caller."""
+        return self.model(**self._batch(token_lists)).logits[:, 0].float()
+
+    # ----- scoring -----
+
+    def logits(self, token_lists: Sequence[Sequence[int]], batch_size: int = 64) -> list[float]:
+        """Logits of already encoded inputs, in order, in batches of at most batch_size."""
+        out: list[float] = []
+        with torch.inference_mode():
+            for start in range(0, len(token_lists), batch_size):
+                out += self.forward(token_lists[start : start + batch_size]).tolist()
+        return out
+
+    def score(self, items: Sequence[ScoreItem], batch_size: int = 64) -> list[tuple[float, float]]:
+        """(sigmoid(logit), logit) per item, in order."""
+        return [(sigmoid(x), x) for x in self.logits(self.encode(items), batch_size)]
+
+    # ----- training -----
+
+    def update(self, pairs: Sequence[PreferencePair]) -> UpdateStats:
+        """One AdamW step on the Bradley-Terry loss over all pairs (micro-batches, accumulated gradients).
+
+        The step is skipped, and the version kept, when there are no pairs or the gradient norm is not finite.
+        """
+        if not pairs:
+            return UpdateStats(0.0, 0.0, 0.0, 0.0, self.version, skipped=True)
+        pos = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in pairs])
+        neg = self.encode([ScoreItem(p.question, p.reference, p.negative) for p in pairs])
+        per_micro = max(1, self.optim_config.micro_batch_size // 2)  # a pair is two sequences
+        self.optimizer.zero_grad(set_to_none=True)
+        pos_logits: list[float] = []
+        neg_logits: list[float] = []
+        total = 0.0
+        for start in range(0, len(pairs), per_micro):
+            k = len(pos[start : start + per_micro])
+            logits = self.forward(pos[start : start + per_micro] + neg[start : start + per_micro])
+            # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
+            loss = bradley_terry_loss(logits[:k], logits[k:]) * (k / len(pairs))
+            loss.backward()
+            total += loss.item()
+            pos_logits += logits[:k].tolist()
+            neg_logits += logits[k:].tolist()
+        before = pair_accuracy(pos_logits, neg_logits)
+        grad_norm = self._clip_and_step()
+        if grad_norm is None or not math.isfinite(total):
+            return UpdateStats(total, float("nan") if grad_norm is None else grad_norm, before, before,
+                               self.version, skipped=True)
+        self.version += 1
+        after_logits = self.logits(pos + neg)
+        after = pair_accuracy(after_logits[: len(pairs)], after_logits[len(pairs) :])
+        return UpdateStats(total, grad_norm, before, after, self.version, skipped=False)
+
+    def _clip_and_step(self) -> float | None:
+        """Clip and step; None (and no step) when the total gradient norm is not finite."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.optim_config.grad_clip))
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def pretrain(
+        self, triples: Sequence[LabelledTriple], epochs: int = 3, lr: float = 2e-5, batch_size: int = 16,
+        seed: int = 0,
+    ) -> dict[str, float]:
+        """BCE on labelled triples with its own AdamW (paper: lr 2e-5, 3 epochs); the version is unchanged.
+
+        Returns the mean loss of the last epoch and the accuracy (sigmoid > 0.5 matches the label) after training.
+        """
+        if not triples:
+            raise ValueError("pretrain needs at least one labelled triple")
+        ids = self.encode([ScoreItem(t.question, t.reference, t.completion) for t in triples])
+        labels = torch.tensor([float(t.label) for t in triples], device=self.device)
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=self.optim_config.weight_decay)
+        order = list(range(len(triples)))
+        rng = random.Random(seed)
+        last_loss = 0.0
+        for _ in range(epochs):
+            rng.shuffle(order)
+            epoch_loss = 0.0
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                logits = self.forward([ids[r] for r in rows])
+                loss = F.binary_cross_entropy_with_logits(logits, labels[rows])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
+                optimizer.step()
+                epoch_loss += loss.item() * len(rows)
+            last_loss = epoch_loss / len(order)
+        logits = self.logits(ids)
+        accuracy = sum((x > 0) == t.label for x, t in zip(logits, triples, strict=True)) / len(triples)
+        return {"loss": last_loss, "accuracy": accuracy}
+
+    # ----- state -----
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
