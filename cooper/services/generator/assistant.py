@@ -1,0 +1,223 @@
+"""The assistant LLM behind one async interface: `await assistant.chat([ChatRequest]) -> [reply text]`.
+
+Three backends, chosen by `generator.assistant.backend`:
+- `transformers`: an in-process model (the "tiny" one on CPU); batches of `concurrency` sequences, one batch at a
+  time, in a thread so the event loop keeps serving other calls;
+- `vllm`: an in-process vLLM engine (GPU, the `gpu` extra; imported only when chosen); it schedules its own batch;
+- `openai`: any OpenAI-compatible chat-completions endpoint over httpx, at most `concurrency` calls in flight over
+  all requests, transport errors and 429/5xx retried `retries` times.
+One assistant instance serves every request of the service, so its bound holds across concurrent RPCs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any, Protocol
+
+from cooper.config import AssistantConfig
+
+log = logging.getLogger("cooper.generator")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, str]]
+    """Chat turns: {"role": "system" | "user" | "assistant", "content": ...}."""
+    temperature: float
+    """0 means greedy."""
+    max_tokens: int
+    """Most tokens of the reply."""
+
+
+class AssistantError(RuntimeError):
+    """The assistant could not answer (endpoint down, refused the request); the message says which and why."""
+
+
+class Assistant(Protocol):
+    async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
+        """One reply per request, in order."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _torch_dtype(name: str, device: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+class TransformersAssistant:
+    """An in-process Hugging Face causal LM with its chat template; "tiny" builds the local tiny model."""
+
+    def __init__(self, config: AssistantConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from cooper.tiny.models import resolve_model
+
+        path = resolve_model(config.model, "causal")
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.batch_size = config.concurrency
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"  # decoder-only batches pad on the left so replies start aligned
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(config.dtype, device)).to(device)
+        self.model.eval()
+        self.max_len = config.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 4096
+        self._lock = asyncio.Lock()
+
+    async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
+        replies: dict[int, str] = {}
+        # One generate call samples at one temperature; group by it, then cut groups into batches.
+        order = sorted(range(len(requests)), key=lambda i: requests[i].temperature)
+        for _, group in groupby(order, key=lambda i: requests[i].temperature):
+            indices = list(group)
+            for start in range(0, len(indices), self.batch_size):
+                batch = indices[start : start + self.batch_size]
+                async with self._lock:  # one forward pass at a time: a second would only share the same cores
+                    texts = await asyncio.to_thread(self._generate, [requests[i] for i in batch])
+                replies.update(zip(batch, texts, strict=True))
+        return [replies[i] for i in range(len(requests))]
+
+    def _generate(self, requests: list[ChatRequest]) -> list[str]:
+        import torch
+
+        prompts = [self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+                   for r in requests]
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        prompt_len = enc["input_ids"].shape[1]  # [batch, prompt_len], left-padded
+        room = self.max_len - prompt_len
+        if room < 1:
+            raise AssistantError(f"prompt of {prompt_len} tokens leaves no room in the model's {self.max_len}")
+        max_new = min(max(r.max_tokens for r in requests), room)
+        temperature = requests[0].temperature
+        sampling: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+        with torch.inference_mode():
+            out = self.model.generate(
+                **enc, max_new_tokens=max_new, pad_token_id=self.tokenizer.pad_token_id, **sampling
+            )
+        new_tokens = out[:, prompt_len:]  # [batch, <= max_new]
+        # The batch generates to its longest budget; each reply is cut to its own.
+        return [self.tokenizer.decode(row[: r.max_tokens], skip_special_tokens=True)
+                for row, r in zip(new_tokens, requests, strict=True)]
+
+    async def close(self) -> None:
+        pass
+
+
+class VLLMAssistant:
+    """An in-process vLLM engine (GPU only); its scheduler batches every request of a call together."""
+
+    def __init__(self, config: AssistantConfig):
+        try:
+            from vllm import LLM
+        except ImportError as err:
+            raise AssistantError(
+                "generator.assistant.backend 'vllm' needs vLLM: pip install 'cooper-rl[gpu]' on a CUDA machine, "
+                "or use backend 'transformers' or 'openai'"
+            ) from err
+        from cooper.tiny.models import resolve_model
+
+        dtype = "bfloat16" if config.dtype == "auto" else config.dtype
+        self.llm = LLM(
+            model=resolve_model(config.model, "causal"), dtype=dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
+        )
+        self._lock = asyncio.Lock()
+
+    async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
+        if not requests:
+            return []
+        async with self._lock:  # the offline engine is not re-entrant; one call holds all of it
+            return await asyncio.to_thread(self._generate, list(requests))
+
+    def _generate(self, requests: list[ChatRequest]) -> list[str]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens) for r in requests]
+        outputs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)  # type: ignore[arg-type]
+        return [o.outputs[0].text for o in outputs]
+
+    async def close(self) -> None:
+        pass
+
+
+RETRY_STATUSES = {408, 409, 429, 500, 502, 503, 504}
+
+
+class OpenAIAssistant:
+    """Any OpenAI-compatible `/chat/completions` endpoint (vLLM's server, SGLang, hosted APIs)."""
+
+    def __init__(self, config: AssistantConfig):
+        import httpx
+
+        if not config.base_url:
+            raise AssistantError("generator.assistant.backend 'openai' needs generator.assistant.base_url")
+        headers = {}
+        if config.api_key is not None:
+            headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.model = config.model_name or config.model
+        self.retries = config.retries
+        self._client = httpx.AsyncClient(
+            headers=headers, timeout=config.request_timeout_s,
+            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
+        )
+        self._slots = asyncio.Semaphore(config.concurrency)
+
+    async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    async def _one(self, request: ChatRequest) -> str:
+        import httpx
+
+        body = {"model": self.model, "messages": request.messages, "temperature": request.temperature,
+                "max_tokens": request.max_tokens}
+        delay, error, response = 0.5, "", None
+        for attempt in range(self.retries + 1):
+            response = None
+            async with self._slots:
+                try:
+                    response = await self._client.post(self.url, json=body)
+                except httpx.TransportError as err:
+                    error = repr(err)
+            if response is not None and response.status_code not in RETRY_STATUSES:
+                break
+            if attempt < self.retries:
+                await asyncio.sleep(delay)  # outside the slot, so a waiting retry does not hold up other calls
+                delay *= 2
+        if response is None:
+            raise AssistantError(f"assistant endpoint {self.url} unreachable after {self.retries + 1} tries: {error}")
+        if response.status_code != 200:
+            raise AssistantError(
+                f"assistant endpoint {self.url} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        try:
+            return response.json()["choices"][0]["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise AssistantError(f"assistant endpoint {self.url} sent no chat completion: {response.text[:300]}") from err
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def build_assistant(config: AssistantConfig) -> Assistant:
+    """The backend named in config; heavy imports happen here, not at module import."""
+    if config.backend == "transformers":
+        return TransformersAssistant(config)
+    if config.backend == "vllm":
+        return VLLMAssistant(config)
+    return OpenAIAssistant(config)
