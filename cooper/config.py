@@ -262,11 +262,22 @@ class AssistantConfig(StrictModel):
     api_key: SecretStr | None = None
     """API key for the endpoint."""
     model_name: str | None = None
-    """Model name sent to the endpoint."""
+    """Model name sent to the endpoint; None sends `model`."""
     concurrency: int = Field(default=8, ge=1)
-    """Most assistant calls in flight at once."""
+    """Most assistant calls in flight at once, over all requests: concurrent HTTP calls (openai) or sequences per
+    generate batch (transformers); vLLM schedules its own batch and ignores it."""
     request_timeout_s: float = Field(default=120.0, gt=0)
     """Timeout of one call to the endpoint."""
+    retries: int = Field(default=2, ge=0)
+    """Retries of an endpoint call that failed in transport or with 429/5xx (openai); then the RPC fails UNAVAILABLE."""
+    device: str = "auto"
+    """"auto" (cuda if present), "cpu" or "cuda:N" (transformers)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights dtype (transformers, vllm); auto = float32 on CPU, bfloat16 on GPU."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """vLLM's share of GPU memory; lower it when the GPU is shared with other services."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Longest prompt plus answer in tokens (vllm; transformers cuts max tokens to fit); None uses the model's."""
 
     @model_validator(mode="after")
     def _openai_needs_url(self) -> AssistantConfig:
@@ -276,7 +287,9 @@ class AssistantConfig(StrictModel):
 
 
 class GeneratorConfig(StrictModel):
-    """Negative samples and the LLM judge."""
+    """Negative samples and the LLM judge. Candidates are checked by the verifier service at
+    `verifier.server.address` (the one address every verifier client uses), with `verifier.server`'s deadline and
+    retries."""
 
     server: GeneratorServerConfig = Field(default_factory=GeneratorServerConfig)
     """gRPC server of the generator service."""
@@ -288,6 +301,10 @@ class GeneratorConfig(StrictModel):
     """Assistant sampling temperature for negatives."""
     extra_tokens: int = Field(default=500, ge=0)
     """Assistant max tokens = the positive's word count + extra_tokens."""
+    judge_temperature: float = Field(default=0.0, ge=0)
+    """Assistant sampling temperature for Judge; 0 is greedy, so a judgment is reproducible."""
+    judge_max_tokens: int = Field(default=1024, ge=1)
+    """Most tokens of one judgment (a short explanation, then `Final Judgment: Yes|No`)."""
     assistant: AssistantConfig = Field(default_factory=AssistantConfig)
     """The assistant LLM."""
 
