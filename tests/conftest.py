@@ -24,3 +24,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def verifier_service():
+    """A real verifier service process on loopback (2 workers, 2 s timeout), shared by the session."""
+    from cooper.runtime.processes import start_service
+
+    service = start_service("verifier", overrides=["verifier.workers=2", "verifier.timeout_s=2"])
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="session")
+def verifier_address(verifier_service) -> str:
+    return verifier_service.address

@@ -1,0 +1,87 @@
+"""Start services as child processes (`cooper serve NAME`) on free loopback ports and stop them cleanly.
+
+Used by the embedded default run and by tests: the child writes a ready file with its bound ports once it serves,
+so nothing guesses ports or sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ServiceStartError(RuntimeError):
+    """A service process exited or did not become ready; the message carries the end of its log."""
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    info: dict[str, Any]
+    log_path: Path
+    host: str = "127.0.0.1"
+    _tmp: Any = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.info['grpc_port']}"
+
+    def stop(self, grace_s: float = 15.0) -> int:
+        """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def start_service(
+    name: str,
+    config_path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    port: int = 0,
+    log_dir: str | os.PathLike[str] | None = None,
+    ready_timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> ServiceProcess:
+    """Run `cooper serve NAME --port PORT` and wait until it has written its ready file."""
+    tmp = tempfile.TemporaryDirectory(prefix=f"cooper-{name}-")
+    ready = Path(tmp.name) / "ready.json"
+    log_path = Path(log_dir or tmp.name) / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "cooper.cli", "serve", name, "--port", str(port), "--ready-file", str(ready)]
+    if config_path:
+        cmd += ["--config", str(config_path)]
+    cmd += list(overrides)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    service = ServiceProcess(name, process, {}, log_path, _tmp=tmp)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if ready.exists():
+            service.info = json.loads(ready.read_text())
+            return service
+        if process.poll() is not None:
+            raise ServiceStartError(f"service {name} exited with {process.returncode}:\n{service.log_tail()}")
+        time.sleep(0.05)
+    service.stop(grace_s=2)
+    raise ServiceStartError(f"service {name} not ready after {ready_timeout_s:.0f} s:\n{service.log_tail()}")

@@ -1,0 +1,1 @@
+"""The four services: verifier, reward, policy, generator. Each has a pure core and a thin server.py."""

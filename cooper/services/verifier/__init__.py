@@ -1,0 +1,1 @@
+"""The rule verifier: math-verify in killable worker processes behind gRPC."""
