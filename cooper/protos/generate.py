@@ -16,9 +16,8 @@ PROTOS = sorted((PROTO_ROOT / "cooper" / "protos").rglob("*.proto"))
 
 def generate(out_dir: Path) -> list[Path]:
     """Write *_pb2.py, *_pb2.pyi and *_pb2_grpc.py for every .proto under out_dir; return the files written."""
-    from grpc_tools import protoc  # dev extra only
-
     import grpc_tools
+    from grpc_tools import protoc  # dev extra only
 
     include = Path(grpc_tools.__file__).parent / "_proto"
     args = [
