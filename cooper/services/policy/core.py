@@ -1,0 +1,204 @@
+"""The policy service's state and operations, without gRPC: model, reference, trainer, engine, versions, keys.
+
+`PolicyCore` is what `server.py` translates messages to and what `bench/policy.py` calls in-process. Every
+operation holds one lock: generation and training share the weights, so they must not interleave.
+
+Versions: 0 is the initial model; each applied `train` adds 1. Idempotency: the results of the most recent
+`KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and trains
+nothing, also after a restart from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from cooper.config import PolicyConfig
+from cooper.services.policy.checkpoint import (
+    latest_checkpoint,
+    read_optimizer_state,
+    read_state,
+    save_checkpoint,
+)
+from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
+from cooper.services.policy.grpo import LossSettings
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
+from cooper.tiny.models import resolve_model
+
+log = logging.getLogger("cooper.policy")
+
+KEY_HISTORY = 256
+
+
+@dataclass
+class TrainResult:
+    metrics: dict[str, float]
+    version: int
+    replayed: bool
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"policy.device is {name!r} but CUDA is not available; set policy.device=cpu or auto")
+    return device
+
+
+def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
+    """None = plain float32; else the autocast dtype (weights stay float32, see config.PolicyConfig.dtype)."""
+    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as err:
+        raise RuntimeError(
+            f"cannot load a causal LM from {path!r} ({err}); set policy.model to a local model directory, a "
+            "Hub id available offline, or 'tiny'"
+        ) from err
+    return model.to(device).eval()
+
+
+def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str
+                 ) -> RolloutEngine:
+    if cfg.engine == "vllm":
+        # Imported here only: vLLM is the `gpu` extra and must never be imported on CPU code paths.
+        from cooper.services.policy.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, path, cfg)
+    from cooper.services.policy.hf_engine import TransformersEngine
+
+    return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
+
+
+class PolicyCore:
+    """Loads the policy (from the latest checkpoint in `cfg.checkpoint_dir` when there is one) and serves it."""
+
+    def __init__(self, cfg: PolicyConfig):
+        self.cfg = cfg
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        self.device = resolve_device(cfg.device)
+        self.autocast = resolve_autocast(cfg.dtype, self.device)
+        self.initial_path = resolve_model(cfg.model, "causal")
+        checkpoint = latest_checkpoint(cfg.checkpoint_dir)
+        weights_path = str(checkpoint) if checkpoint else self.initial_path
+        self.tokenizer = AutoTokenizer.from_pretrained(weights_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = load_causal_lm(weights_path, torch.float32, self.device)
+        self.reference = None
+        if cfg.grpo.kl_coef > 0:
+            # The frozen *initial* policy, never a checkpoint: the KL anchors the run to where it started. It has
+            # no optimizer, so it may live in the compute dtype.
+            self.reference = load_causal_lm(self.initial_path, self.autocast or torch.float32, self.device)
+            self.reference.requires_grad_(False)
+        grpo, optim = cfg.grpo, cfg.optim
+        self.trainer = GRPOTrainer(
+            self.model,
+            self.reference,
+            LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
+                         grpo.kl_clamp),
+            lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
+            grad_clip=optim.grad_clip, warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size,
+            epochs=grpo.epochs, temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps,
+            pad_id=self.tokenizer.pad_token_id, autocast_dtype=self.autocast,
+        )
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        self.version = 0
+        self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.last_key = ""
+        self.checkpoint = ""
+        if checkpoint:
+            state = read_state(checkpoint)
+            self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
+            self.version = int(state["version"])
+            self.last_key = state.get("last_key", "")
+            self.history = OrderedDict(state.get("history", {}))
+            self.checkpoint = str(checkpoint)
+            log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
+        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+        self._lock = threading.Lock()
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int]:
+        """`sampling.n` completions per prompt, in prompt order, and the version that sampled them."""
+        with self._lock:
+            if not prompts:
+                return [], self.version
+            return self.engine.generate(list(prompts), sampling), self.version
+
+    def train(self, key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
+              ) -> TrainResult:
+        """Apply one GRPO update for `key`, or return the recorded result if `key` was applied before."""
+        if not key:
+            raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
+        with self._lock:
+            if key in self.history:
+                return TrainResult(dict(self.history[key]["metrics"]), int(self.history[key]["version"]), True)
+            self._check_rollout(samples, rewards, group_size)
+            metrics = self.trainer.train_step(samples, rewards, group_size)
+            self.version += 1
+            self.engine.sync_weights()
+            self.last_key = key
+            self.history[key] = {"metrics": metrics, "version": self.version}
+            while len(self.history) > KEY_HISTORY:
+                self.history.popitem(last=False)
+            if self.cfg.save_every and self.version % self.cfg.save_every == 0:
+                self._save("")
+            return TrainResult(metrics, self.version, False)
+
+    def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
+        if group_size < 2:
+            raise ValueError(f"group_size must be at least 2 (got {group_size}): a group of one has no relative signal")
+        if not samples or len(samples) % group_size:
+            raise ValueError(f"{len(samples)} completions do not split into groups of {group_size}")
+        if len(rewards) != len(samples):
+            raise ValueError(f"{len(samples)} completions but {len(rewards)} rewards; give one reward per completion")
+        for start in range(0, len(samples), group_size):
+            if any(s.prompt_token_ids != samples[start].prompt_token_ids for s in samples[start : start + group_size]):
+                raise ValueError(
+                    f"completions {start}..{start + group_size - 1} do not share one prompt: send the rollout "
+                    "grouped by prompt, `group_size` per prompt, as Generate returned it"
+                )
+        for i, s in enumerate(samples):
+            ids = s.prompt_token_ids + s.completion_token_ids
+            if not s.prompt_token_ids or any(t < 0 or t >= self.vocab_size for t in ids):
+                raise ValueError(f"completion {i} has an empty prompt or a token id outside [0, {self.vocab_size})")
+
+    def save(self, tag: str = "") -> tuple[str, int]:
+        with self._lock:
+            return self._save(tag), self.version
+
+    def _save(self, tag: str) -> str:
+        state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
+                 "model": self.cfg.model}
+        path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, self.trainer.optimizer_state(),
+                               state)
+        self.checkpoint = str(path)
+        log.info("policy checkpoint %s (version %d)", path, self.version)
+        return self.checkpoint
+
+    def info(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "model": self.cfg.model,
+                "version": self.version,
+                "parameters": self.parameters,
+                "device": str(self.device),
+                "engine": self.engine.name,
+                "last_key": self.last_key,
+                "checkpoint": self.checkpoint,
+            }

@@ -1,0 +1,103 @@
+"""gRPC translation for the policy service: messages in, `PolicyCore` calls (in a worker thread), messages out.
+
+Bad requests become INVALID_ARGUMENT with the core's message; nothing else is caught, so a real failure reaches
+the caller as INTERNAL with its message rather than being dressed up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from cooper.config import CooperConfig
+from cooper.protos.common.v1 import common_pb2
+from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
+from cooper.runtime.server import GrpcService
+from cooper.services.policy.core import PolicyCore
+from cooper.services.policy.engine import SamplingParams
+from cooper.services.policy.trainer import RolloutSample
+
+log = logging.getLogger("cooper.policy")
+T = TypeVar("T")
+
+
+def idempotency_key(key: common_pb2.IdempotencyKey) -> str:
+    return f"{key.run_id}/{key.step}" if key.run_id else ""
+
+
+def sampling_params(msg: policy_pb2.Sampling) -> SamplingParams:
+    return SamplingParams(
+        n=msg.n,
+        temperature=msg.temperature,
+        top_p=msg.top_p or 1.0,  # proto3 default 0 means "not set"
+        max_new_tokens=msg.max_new_tokens,
+        stop=tuple(msg.stop),
+        seed=msg.seed,
+    )
+
+
+class PolicyServicer(policy_pb2_grpc.PolicyServicer):
+    def __init__(self, core: PolicyCore):
+        self.core = core
+
+    async def _run(self, context: grpc.aio.ServicerContext, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("unreachable") from err
+
+    async def Generate(self, request: policy_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> policy_pb2.GenerateResponse:
+        try:
+            sampling = sampling_params(request.sampling)
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        groups, version = await self._run(context, self.core.generate, [p.text for p in request.prompts], sampling)
+        response = policy_pb2.GenerateResponse(version=version)
+        for prompt, group in zip(request.prompts, groups, strict=True):
+            for index, c in enumerate(group):
+                response.completions.append(policy_pb2.Completion(
+                    prompt_id=prompt.id, index=index, text=c.text, token_ids=c.token_ids, logprobs=c.logprobs,
+                    finish_reason=c.finish_reason, prompt_token_ids=c.prompt_token_ids,
+                ))
+        return response
+
+    async def Train(self, request: policy_pb2.TrainRequest, context: grpc.aio.ServicerContext
+                    ) -> policy_pb2.TrainResponse:
+        samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids)) for c in request.rollout]
+        result = await self._run(context, self.core.train, idempotency_key(request.key), samples,
+                                 list(request.rewards), request.group_size)
+        return policy_pb2.TrainResponse(metrics=result.metrics, version=result.version, replayed=result.replayed)
+
+    async def Info(self, request: policy_pb2.InfoRequest, context: grpc.aio.ServicerContext
+                   ) -> policy_pb2.InfoResponse:
+        return policy_pb2.InfoResponse(**await self._run(context, self.core.info))
+
+    async def Save(self, request: common_pb2.SaveRequest, context: grpc.aio.ServicerContext
+                   ) -> common_pb2.SaveResponse:
+        path, version = await self._run(context, self.core.save, request.tag)
+        return common_pb2.SaveResponse(path=path, version=version)
+
+
+def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
+    """The gRPC service around an already built core (tests and benchmarks share one core this way)."""
+    servicer = PolicyServicer(core)
+
+    def add(server: grpc.aio.Server) -> list[str]:
+        policy_pb2_grpc.add_PolicyServicer_to_server(servicer, server)
+        return [policy_pb2.DESCRIPTOR.services_by_name["Policy"].full_name]
+
+    service = GrpcService("policy", config.policy.server, add)
+    service.ready_info = {"version": core.version, "engine": core.engine.name}
+    return service
+
+
+async def create_service(config: CooperConfig) -> GrpcService:
+    """Entry point of `cooper serve policy`: load the model (resuming from the latest checkpoint), then serve."""
+    core = await asyncio.to_thread(PolicyCore, config.policy)
+    return build_service(config, core)

@@ -1,0 +1,231 @@
+"""The GRPO update: micro-batched forward/backward, gradient accumulation, AdamW with warm-up and clipping.
+
+One `train_step` is one policy update (DESIGN.md section 1, step 4). Sequences are laid out as
+`[left-padded prompt | right-padded completion]`, so every row's completion starts at the same column and one
+`logits_to_keep` slice gives the logits that predict the completion tokens.
+
+Gradient accumulation is exact: each micro-batch's loss is its *sum* over tokens divided by the token count of
+the whole batch, so the summed micro-batch gradients equal the gradient of one full-batch token-mean (a test
+checks 1x8 against 4x2).
+
+Left out: sequence packing, data parallelism, and minibatches within a rollout (one optimizer step per epoch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cooper.services.policy.grpo import LossSettings, group_advantages, grpo_loss_sums, token_entropy, token_logprobs
+
+
+@dataclass
+class RolloutSample:
+    """One completion to learn from: the prompt as the engine tokenized it and the sampled tokens."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+
+
+@dataclass
+class _Batch:
+    input_ids: Tensor  # [B, P + C]
+    attention_mask: Tensor  # [B, P + C]
+    position_ids: Tensor  # [B, P + C]
+    completion: Tensor  # [B, C] completion tokens (pad where mask is 0)
+    mask: Tensor  # [B, C] 1 on completion tokens
+    width: int  # C
+
+
+def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device) -> _Batch:
+    prompt_width = max(len(s.prompt_token_ids) for s in samples)
+    width = max(1, max(len(s.completion_token_ids) for s in samples))
+    rows = len(samples)
+    input_ids = torch.full((rows, prompt_width + width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    mask = torch.zeros((rows, width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, c = s.prompt_token_ids, s.completion_token_ids
+        input_ids[i, prompt_width - len(p) : prompt_width] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, prompt_width : prompt_width + len(c)] = torch.tensor(c, dtype=torch.long)
+        attention_mask[i, prompt_width - len(p) : prompt_width + len(c)] = 1
+        mask[i, : len(c)] = 1
+    # Positions count real tokens only, as in generation with left padding.
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return _Batch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids.to(device),
+        completion=input_ids[:, prompt_width:].to(device),
+        mask=mask.to(device),
+        width=width,
+    )
+
+
+def lr_at(update: int, lr: float, warmup_steps: int) -> float:
+    """Learning rate of the 0-based `update`: linear warm-up over `warmup_steps` updates, then constant.
+
+    The first update already gets lr / warmup_steps (not 0, which would waste a whole rollout).
+    """
+    if warmup_steps <= 0:
+        return lr
+    return lr * min(1.0, (update + 1) / warmup_steps)
+
+
+class GRPOTrainer:
+    """Owns the optimizer; updates `model` in place. `reference` is the frozen initial policy (None: no KL)."""
+
+    def __init__(
+        self,
+        model: Any,
+        reference: Any | None,
+        settings: LossSettings,
+        *,
+        lr: float,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        grad_clip: float = 1.0,
+        warmup_steps: int = 0,
+        micro_batch_size: int = 8,
+        epochs: int = 1,
+        temperature: float = 1.0,
+        adv_eps: float = 1e-6,
+        pad_id: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+    ):
+        if settings.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.model = model
+        self.reference = reference
+        self.settings = settings
+        self.lr = lr
+        self.grad_clip = grad_clip
+        self.warmup_steps = warmup_steps
+        self.micro_batch_size = micro_batch_size
+        self.epochs = epochs
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.adv_eps = adv_eps
+        self.pad_id = pad_id
+        self.autocast_dtype = autocast_dtype
+        self.updates = 0  # completed train_steps; drives the warm-up
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _forward(self, model: Any, batch: _Batch) -> Tensor:
+        """[B, C, V] logits that predict the completion tokens."""
+        with self._autocast():
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+                logits_to_keep=batch.width + 1,
+                use_cache=False,
+            )
+        return out.logits[:, :-1]
+
+    def _micro_batches(self, samples: Sequence[RolloutSample]) -> list[tuple[int, int]]:
+        return [(i, min(i + self.micro_batch_size, len(samples))) for i in range(0, len(samples), self.micro_batch_size)]
+
+    @torch.no_grad()
+    def _logprobs(self, model: Any, batch: _Batch) -> Tensor:
+        return token_logprobs(self._forward(model, batch), batch.completion, self.temperature)
+
+    def accumulate_gradients(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
+                             ) -> dict[str, float]:
+        """Zero the gradients, then accumulate the full-batch gradient over micro-batches; returns loss metrics.
+
+        Used once per epoch by `train_step`; public so that tests can compare gradients without an optimizer step.
+        """
+        metrics, _ = self._run_epochs(samples, rewards, group_size, step=False)
+        return metrics
+
+    def train_step(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
+                   ) -> dict[str, float]:
+        """One policy update on a rollout grouped by prompt (`group_size` consecutive samples per prompt)."""
+        metrics, lr = self._run_epochs(samples, rewards, group_size, step=True)
+        self.updates += 1
+        metrics["lr"] = lr
+        return metrics
+
+    def _run_epochs(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int, step: bool
+                    ) -> tuple[dict[str, float], float]:
+        if len(samples) != len(rewards):
+            raise ValueError(f"{len(samples)} completions but {len(rewards)} rewards; give one reward per completion")
+        if not samples:
+            raise ValueError("the rollout is empty")
+        advantages = group_advantages(torch.tensor(list(rewards), dtype=torch.float32), group_size, self.adv_eps)
+        total_tokens = sum(len(s.completion_token_ids) for s in samples)
+        if total_tokens == 0:
+            raise ValueError("every completion is empty; nothing to train on")
+        device = self.device
+        spans = self._micro_batches(samples)
+        batches = [_layout(samples[a:b], self.pad_id, device) for a, b in spans]
+
+        # old_logp: recomputed here with the current weights, before any update, rather than taken from the
+        # sampling log-probs. The sampling engine (vLLM, bf16 kernels, another batch layout) does not compute
+        # exactly what this forward computes, and with a single PPO epoch the ratio must start at exactly 1;
+        # otherwise engine mismatch would masquerade as policy change and trigger clipping.
+        self.model.eval()  # no dropout in any pass, so old_logp and logp are the same function of the weights
+        old_logps = [self._logprobs(self.model, b) for b in batches]
+        ref_logps: list[Tensor | None] = [None] * len(batches)
+        if self.reference is not None and self.settings.kl_coef > 0:
+            ref_logps = [self._logprobs(self.reference, b) for b in batches]
+
+        lr = lr_at(self.updates, self.lr, self.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        for _ in range(self.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for (a, b), batch, old, ref in zip(spans, batches, old_logps, ref_logps, strict=True):
+                logits = self._forward(self.model, batch)
+                logp = token_logprobs(logits, batch.completion, self.temperature)
+                part = grpo_loss_sums(logp, old, advantages[a:b].to(device), batch.mask, self.settings, ref)
+                (part.loss / total_tokens).backward()
+                with torch.no_grad():
+                    sums["entropy"] += float((token_entropy(logits.detach(), self.temperature) * batch.mask).sum())
+                sums["loss"] += float(part.loss.detach())
+                sums["policy_loss"] += part.policy_loss
+                sums["kl"] += part.kl
+                sums["clipped"] += part.clipped
+                del logits, logp, part
+            # Total norm before clipping: the number that says how large the raw update wanted to be.
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip if step else math.inf)
+            sums["grad_norm"] += float(norm)
+            if step:
+                self.optimizer.step()
+        per_token = self.epochs * total_tokens
+        metrics = {
+            "loss": sums["loss"] / per_token,
+            "policy_loss": sums["policy_loss"] / per_token,
+            "kl": sums["kl"] / per_token,
+            "clip_fraction": sums["clipped"] / per_token,
+            "entropy": sums["entropy"] / per_token,
+            "grad_norm": sums["grad_norm"] / self.epochs,
+            "response_length": total_tokens / len(samples),
+            "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
+        }
+        return metrics, lr
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
