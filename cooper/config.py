@@ -216,7 +216,8 @@ class SamplingConfig(StrictModel):
     n: int = Field(default=16, ge=2)
     """Completions per prompt (the group size G); at least 2, since a group of one has no relative signal."""
     temperature: float = Field(default=1.0, ge=0)
-    """Sampling temperature."""
+    """Sampling temperature; the trainer divides logits by it too, so the loss sees the distribution that was
+    sampled from (0 = greedy; the trainer then uses 1)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling."""
     max_new_tokens: int = Field(default=1024, ge=1)
@@ -237,7 +238,17 @@ class PolicyConfig(StrictModel):
     device: str = "auto"
     """"auto" (cuda if present), "cpu" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """auto = float32 on CPU, bfloat16 on GPU."""
+    """Compute dtype; auto = float32 on CPU, bfloat16 on GPU. bfloat16 runs forward passes under autocast while
+    the trained weights and AdamW state stay float32 (a 1e-6 step vanishes when added to a bf16 weight)."""
+    generate_batch_size: int = Field(default=64, ge=1)
+    """Most sequences in one transformers `generate` call; a request is cut into chunks of this size."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """CPU threads torch may use in the service process; None keeps torch's default (all cores). Tiny models run
+    fastest, and steadiest on a busy machine, with 1."""
+    vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1)
+    """Share of GPU memory vLLM may take (weights and KV cache); the trainer shares the GPU with it."""
+    vllm_max_model_len: int | None = Field(default=None, ge=16)
+    """Longest prompt + completion vLLM plans its KV cache for; None uses the model's maximum."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Rollout sampling."""
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
