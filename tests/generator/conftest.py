@@ -49,6 +49,21 @@ def stop_service(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+@pytest.fixture
+def cooper_serve(tmp_path: Path) -> Iterator[Any]:
+    """Starts `cooper serve ARGS...` processes: `cooper_serve(args) -> ready-file JSON`; all stopped at teardown."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def serve(args: list[str]) -> dict:
+        proc, info = start_service(args, tmp_path / f"ready-{len(procs)}.json")
+        procs.append(proc)
+        return info
+
+    yield serve
+    for proc in procs:
+        stop_service(proc)
+
+
 @pytest.fixture(scope="session")
 def verifier_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """host:port of a real verifier service (`cooper serve verifier`) with two worker processes."""
