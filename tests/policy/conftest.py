@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,13 @@ def tokenizer(tiny_path: str) -> Any:
     return AutoTokenizer.from_pretrained(tiny_path)
 
 
-def policy_config(checkpoint_dir: Path, **overrides: Any) -> PolicyConfig:
-    """A small, fast policy config on CPU; `overrides` are merged into the section (nested dicts allowed)."""
+def _policy_config(checkpoint_dir: Path, **overrides: Any) -> PolicyConfig:
     tree: dict[str, Any] = {
         "model": "tiny",
         "device": "cpu",
         "checkpoint_dir": str(checkpoint_dir),
         "torch_threads": 1,
+        "server": {"port": 0, "metrics_port": None},  # free ports: tests run beside other services
         "sampling": {"n": 4, "temperature": 1.0, "max_new_tokens": 8},
         "optim": {"lr": 1e-2, "warmup_steps": 0, "micro_batch_size": 16},
         "grpo": {"kl_coef": 0.0},
@@ -53,3 +53,10 @@ def policy_config(checkpoint_dir: Path, **overrides: Any) -> PolicyConfig:
         else:
             tree[key] = value
     return PolicyConfig.model_validate(tree)
+
+
+@pytest.fixture(scope="session")
+def make_config() -> Callable[..., PolicyConfig]:
+    """make_config(checkpoint_dir, **overrides): a small, fast policy config on CPU; overrides merge into the
+    section (nested dicts merge one level deep)."""
+    return _policy_config
