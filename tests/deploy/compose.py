@@ -1,0 +1,200 @@
+"""docker-compose.yml as data: loading with compose's variable interpolation, the compose-spec schema, the containers
+it would run, and the deployment rules (health-gated start, GPUs, ports, Redis AOF)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from .common import (
+    GPU_SERVICES,
+    IMAGES,
+    REDIS_PORT,
+    SERVICES,
+    Container,
+    default_ports,
+    env_name_problems,
+    image_entrypoint,
+    image_repo,
+)
+
+# compose-spec.json from github.com/compose-spec/compose-spec (schema/compose-spec.json, commit 170098ba07d9,
+# 2025-10-28), Apache-2.0: see tests/deploy/NOTICE.
+SCHEMA_PATH = Path(__file__).with_name("compose-spec.json")
+VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def interpolate(value: Any, environ: Mapping[str, str]) -> Any:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error} and $$, applied to every string."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, environ) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def replace(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1) or m.group(4)
+        op, arg = m.group(2), m.group(3) or ""
+        current = environ.get(name)
+        unset = current is None or (op is not None and op.startswith(":") and current == "")
+        if op in {":?", "?"} and unset:
+            raise ValueError(f"compose variable {name} is required: {arg}")
+        if op in {":-", "-"} and unset:
+            return arg
+        return current or ""
+
+    return VARIABLE.sub(replace, value)
+
+
+def load_compose(path: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The compose file after YAML anchors/merge keys and variable interpolation (with `environ`, default empty)."""
+    return interpolate(yaml.safe_load(path.read_text()), environ or {})
+
+
+@cache
+def _validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def schema_problems(compose: dict[str, Any]) -> list[str]:
+    return [f"docker-compose.yml: {'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+            for e in _validator().iter_errors(compose)]
+
+
+def _environment(service: Mapping[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
+
+
+def _mounts(service: Mapping[str, Any], directory: Path, named: set[str]) -> tuple[dict[str, str], list[str]]:
+    files, volumes = {}, []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            source, target = volume.get("source", ""), volume["target"]
+        else:
+            source, target = (volume.split(":") + [""])[:2]
+        if source in named:
+            volumes.append(target)
+        elif (directory / source).is_file():
+            files[target] = (directory / source).read_text()
+    return files, volumes
+
+
+def containers(compose: dict[str, Any], directory: Path) -> dict[str, Container]:
+    """Compose service name -> the container it runs, for the services that run a Cooper image."""
+    out = {}
+    named = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        image = service.get("image", "")
+        if image_repo(image) not in IMAGES:
+            continue
+        entrypoint, cmd = image_entrypoint(image)
+        entrypoint = service.get("entrypoint", entrypoint)
+        command = service.get("command", cmd)
+        files, volumes = _mounts(service, directory, named)
+        out[name] = Container(f"compose service {name}", image, [*entrypoint, *command], _environment(service),
+                              files, volumes)
+    return out
+
+
+def reachable(compose: dict[str, Any]) -> dict[str, set[int]]:
+    """Host name on the compose network -> the ports served there."""
+    ports = default_ports()
+    hosts: dict[str, set[int]] = {}
+    for name, service in compose["services"].items():
+        if image_repo(service.get("image", "")) == "redis":
+            hosts[name] = {REDIS_PORT}
+        elif name in SERVICES:
+            hosts[name] = set(ports[name].values())
+    return hosts
+
+
+def _published(service: Mapping[str, Any]) -> list[int]:
+    targets = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            targets.append(int(port["target"]))
+        else:
+            targets.append(int(str(port).split("/")[0].rsplit(":", 1)[-1]))
+    return targets
+
+
+def _healthcheck_port(service: Mapping[str, Any]) -> int | None:
+    test = (service.get("healthcheck") or {}).get("test") or []
+    if "cooper.runtime.healthcheck" not in test:
+        return None
+    address = next((a for a in test if re.fullmatch(r"[\w.-]+:\d+", str(a))), None)
+    return int(address.rsplit(":", 1)[1]) if address else None
+
+
+def _gpu_reserved(service: Mapping[str, Any]) -> bool:
+    devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
+    return any("gpu" in (d.get("capabilities") or []) for d in devices)
+
+
+def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
+    """The deployment rules of the compose file (the schema says it is a compose file; these say it is ours)."""
+    problems = []
+    services = compose["services"]
+    ports = default_ports()
+    by_role = {c.role: (name, c) for name, c in containers(compose, directory).items()}
+    for role in (*SERVICES, "orchestrator"):
+        if role not in by_role:
+            problems.append(f"docker-compose.yml: no service runs `cooper {'train' if role == 'orchestrator' else 'serve ' + role}`")
+    for name, container in containers(compose, directory).items():
+        service, role = services[name], container.role
+        problems += env_name_problems(container.env, container.origin)
+        want_repo = "cooper-gpu" if role in GPU_SERVICES else "cooper"
+        if image_repo(container.image) != want_repo:
+            problems.append(f"{container.origin}: runs image {container.image}, expected the {want_repo} image")
+        build = service.get("build") or {}
+        if build and (directory / build.get("context", ".") / build.get("dockerfile", "Dockerfile")).resolve() != \
+                IMAGES[image_repo(container.image)].resolve():
+            problems.append(f"{container.origin}: builds {build} but image {container.image} comes from "
+                            f"{IMAGES[image_repo(container.image)].name}")
+        if _gpu_reserved(service) != (role in GPU_SERVICES):
+            problems.append(f"{container.origin}: a GPU reservation is {'missing' if role in GPU_SERVICES else 'not wanted'}")
+        published = _published(service)
+        want_published = [ports["reward"]["http"]] if role == "reward" else []
+        if published != want_published:
+            problems.append(f"{container.origin}: publishes container ports {published}; only the reward HTTP port "
+                            f"{ports['reward']['http']} may be published, on the reward service")
+        if role in SERVICES:
+            port = _healthcheck_port(service)
+            if port != ports[role]["grpc"]:
+                problems.append(f"{container.origin}: healthcheck checks port {port}, but {role} serves gRPC on "
+                                f"{ports[role]['grpc']}")
+    if "orchestrator" in by_role:
+        name, _ = by_role["orchestrator"]
+        depends = services[name].get("depends_on") or {}
+        needed = [by_role[r][0] for r in SERVICES if r in by_role] + [n for n in services if "redis" in n]
+        for dep in needed:
+            condition = depends.get(dep, {}).get("condition") if isinstance(depends, dict) else None
+            if condition != "service_healthy":
+                problems.append(f"compose service {name}: must depend on {dep} with condition service_healthy")
+    for name, service in services.items():
+        for dep, spec in (service.get("depends_on") or {}).items() if isinstance(service.get("depends_on"), dict) else []:
+            health = services.get(dep, {}).get("healthcheck") or {}
+            if spec.get("condition") == "service_healthy" and (health.get("disable") or not health.get("test")):
+                problems.append(f"compose service {name}: waits for {dep} to be healthy, but {dep} has no healthcheck")
+    redis = [s for s in services.values() if image_repo(s.get("image", "")) == "redis"]
+    if len(redis) != 1:
+        problems.append("docker-compose.yml: expected one redis service")
+    else:
+        command = " ".join(redis[0].get("command") or [])
+        mounts = [str(v).split(":")[1] for v in redis[0].get("volumes", []) if ":" in str(v)]
+        if "--appendonly yes" not in command or "/data" not in mounts:
+            problems.append("compose service redis: needs `--appendonly yes` and a volume at /data")
+    return problems

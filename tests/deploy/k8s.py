@@ -1,0 +1,357 @@
+"""Assembled Kubernetes objects as data: schemas, the containers they would run, references between objects, probes
+and ports, and a small NetworkPolicy evaluator that answers "may pod A reach port P of pod B"."""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes_validate
+
+from .common import (
+    GPU_SERVICES,
+    IMAGES,
+    REDIS_PORT,
+    SERVICES,
+    Container,
+    default_ports,
+    env_name_problems,
+    image_entrypoint,
+    image_repo,
+)
+from .kustomize import pod_spec
+
+Obj = dict[str, Any]
+# Native gRPC probes are GA from 1.27: validate against it and against the newest schemas the package ships.
+K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
+WORKLOADS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "CronJob", "Pod"}
+
+
+def _id(obj: Obj) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def schema_problems(objs: list[Obj], version: str) -> list[str]:
+    """Strict validation (unknown fields are errors) against the Kubernetes OpenAPI schemas of `version`."""
+    problems = []
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            where = ".".join(str(p) for p in err.path) or "(top)"
+            problems.append(f"{_id(obj)} (Kubernetes {version}): {where}: {err.message}")
+        except kubernetes_validate.SchemaNotFoundError as err:
+            problems.append(f"{_id(obj)}: {err.message}")
+    return problems
+
+
+def _find(objs: list[Obj], kind: str, name: str) -> Obj | None:
+    return next((o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name), None)
+
+
+def _data(obj: Obj | None) -> dict[str, str]:
+    if obj is None:
+        return {}
+    if obj["kind"] == "Secret":
+        return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()} | \
+            dict(obj.get("stringData") or {})
+    return dict(obj.get("data") or {})
+
+
+def _cpu_cores(quantity: str) -> int:
+    """limits.cpu as a resourceFieldRef with divisor 1 hands it over: rounded up to whole cores."""
+    text = str(quantity)
+    return math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text))
+
+
+def _container_env(objs: list[Obj], container: Obj) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            if key in source:
+                env.update(_data(_find(objs, kind, source[key]["name"])))
+    for item in container.get("env", []):
+        value_from = item.get("valueFrom") or {}
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "configMapKeyRef" in value_from or "secretKeyRef" in value_from:
+            kind, ref = ("ConfigMap", value_from["configMapKeyRef"]) if "configMapKeyRef" in value_from \
+                else ("Secret", value_from["secretKeyRef"])
+            data = _data(_find(objs, kind, ref["name"]))
+            if ref["key"] in data:
+                env[item["name"]] = data[ref["key"]]
+        elif "resourceFieldRef" in value_from and value_from["resourceFieldRef"]["resource"] == "limits.cpu":
+            env[item["name"]] = str(_cpu_cores(container["resources"]["limits"]["cpu"]))
+        else:
+            env[item["name"]] = "node-provided"
+    return env
+
+
+def containers(objs: list[Obj]) -> list[Container]:
+    """Every container that runs a Cooper image, with the argv, environment and mounted files it would get."""
+    out = []
+    for obj in objs:
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec.get("containers", []):
+            if image_repo(c.get("image", "")) not in IMAGES:
+                continue
+            entrypoint, cmd = image_entrypoint(c["image"])
+            argv = [*c.get("command", entrypoint), *c.get("args", [] if "command" in c else cmd)]
+            files, persistent = {}, []
+            for mount in c.get("volumeMounts", []):
+                volume = volumes.get(mount["name"], {})
+                if "configMap" in volume:
+                    data = _data(_find(objs, "ConfigMap", volume["configMap"]["name"]))
+                    if "subPath" in mount:
+                        files[mount["mountPath"]] = data.get(mount["subPath"], "")
+                    else:
+                        files.update({f"{mount['mountPath'].rstrip('/')}/{k}": v for k, v in data.items()})
+                elif "persistentVolumeClaim" in volume:
+                    persistent.append(mount["mountPath"])
+            out.append(Container(f"{_id(obj)} container {c['name']}", c["image"], argv,
+                                 _container_env(objs, c), files, persistent))
+    return out
+
+
+def _selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A label selector (matchLabels and matchExpressions); an empty selector selects everything."""
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+@dataclass
+class Pod:
+    role: str
+    labels: dict[str, str]
+    namespace: str
+    ports: dict[str, int]
+    """container port name (or number as text) -> port"""
+
+
+def pods(objs: list[Obj]) -> list[Pod]:
+    out = []
+    for obj in objs:
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        template = obj if obj["kind"] == "Pod" else obj["spec"]["template"]
+        labels = template.get("metadata", {}).get("labels", {})
+        ports = {p.get("name", str(p["containerPort"])): p["containerPort"]
+                 for c in spec.get("containers", []) for p in c.get("ports", [])}
+        role = labels.get("app.kubernetes.io/component", obj["metadata"]["name"])
+        out.append(Pod(role, labels, obj["metadata"].get("namespace", "default"), ports))
+    return out
+
+
+def reference_problems(objs: list[Obj]) -> list[str]:
+    """Every name one object uses for another resolves in the build (generated names included)."""
+    problems = []
+    for obj in objs:
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        for volume in spec.get("volumes", []):
+            for kind, key, field in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName"),
+                                     ("PersistentVolumeClaim", "persistentVolumeClaim", "claimName")):
+                if key in volume and _find(objs, kind, volume[key][field]) is None:
+                    problems.append(f"{_id(obj)}: volume {volume['name']} uses {kind} {volume[key][field]}, "
+                                    f"which the build does not define")
+        for c in spec.get("containers", []):
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            missing = mounts - {v["name"] for v in spec.get("volumes", [])} - \
+                {t["metadata"]["name"] for t in obj.get("spec", {}).get("volumeClaimTemplates", [])}
+            if missing:
+                problems.append(f"{_id(obj)}: container {c['name']} mounts undefined volumes {sorted(missing)}")
+            for source in c.get("envFrom", []):
+                for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                    if key in source and _find(objs, kind, source[key]["name"]) is None:
+                        problems.append(f"{_id(obj)}: envFrom uses {kind} {source[key]['name']}, not defined")
+            for item in c.get("env", []):
+                for kind, key in (("ConfigMap", "configMapKeyRef"), ("Secret", "secretKeyRef")):
+                    ref = (item.get("valueFrom") or {}).get(key)
+                    if ref and not ref.get("optional") and ref["key"] not in _data(_find(objs, kind, ref["name"])):
+                        problems.append(f"{_id(obj)}: env {item['name']} reads key {ref['key']} of {kind} "
+                                        f"{ref['name']}, which does not exist")
+    all_pods = pods(objs)
+    for obj in objs:
+        namespace = obj["metadata"].get("namespace", "default")
+        if obj["kind"] == "Service":
+            matched = [p for p in all_pods if p.namespace == namespace
+                       and _selects({"matchLabels": obj["spec"].get("selector", {})}, p.labels)]
+            if not matched:
+                problems.append(f"{_id(obj)}: its selector matches no pod")
+            for port in obj["spec"].get("ports", []):
+                target = port.get("targetPort", port["port"])
+                if matched and not any(target in p.ports.values() or target in p.ports for p in matched):
+                    problems.append(f"{_id(obj)}: port {port['port']} targets {target}, which no selected pod serves")
+        elif obj["kind"] == "NetworkPolicy":
+            if not any(p.namespace == namespace and _selects(obj["spec"]["podSelector"], p.labels) for p in all_pods):
+                problems.append(f"{_id(obj)}: its podSelector matches no pod")
+        elif obj["kind"] == "HorizontalPodAutoscaler":
+            ref = obj["spec"]["scaleTargetRef"]
+            target = _find(objs, ref["kind"], ref["name"])
+            if target is None:
+                problems.append(f"{_id(obj)}: scales {ref['kind']}/{ref['name']}, which is not defined")
+            elif "replicas" in target["spec"]:
+                problems.append(f"{_id(obj)}: {ref['kind']}/{ref['name']} sets spec.replicas, which would reset "
+                                f"the autoscaler's choice on every apply")
+    return problems
+
+
+def reachable(objs: list[Obj]) -> dict[str, set[int]]:
+    """Service DNS name -> its ports."""
+    return {o["metadata"]["name"]: {p["port"] for p in o["spec"].get("ports", [])}
+            for o in objs if o["kind"] == "Service"}
+
+
+def _probe_port(container: Obj, probe: str) -> int | None:
+    return ((container.get(probe) or {}).get("grpc") or {}).get("port")
+
+
+def rule_problems(objs: list[Obj]) -> list[str]:
+    """The deployment rules: a Deployment per service with gRPC probes on its port, Services on the same ports, GPUs
+    where needed, an HPA for the verifier, the orchestrator as a Job, Redis with AOF on a PVC."""
+    problems = []
+    ports = default_ports()
+    cooper = {c.role: c for c in containers(objs)}
+    for role in (*SERVICES, "orchestrator"):
+        if role not in cooper:
+            problems.append(f"no container runs the {role}")
+    for container in cooper.values():
+        problems += env_name_problems(container.env, container.origin)
+    for obj in objs:
+        spec = pod_spec(obj)
+        for c in (spec or {}).get("containers", []):
+            role = next((r for r, cc in cooper.items() if cc.origin == f"{_id(obj)} container {c['name']}"), None)
+            if role is None:
+                continue
+            where = f"{_id(obj)} container {c['name']}"
+            want_repo = "cooper-gpu" if role in GPU_SERVICES else "cooper"
+            if image_repo(c["image"]) != want_repo:
+                problems.append(f"{where}: runs image {c['image']}, expected the {want_repo} image")
+            gpus = int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+            if (gpus >= 1) != (role in GPU_SERVICES):
+                problems.append(f"{where}: nvidia.com/gpu limit is {gpus}; the GPU services need one, others none")
+            if role == "orchestrator":
+                if obj["kind"] != "Job" or spec.get("restartPolicy") not in {"OnFailure", "Never"}:
+                    problems.append(f"{where}: the orchestrator runs as a Job that retries failures")
+                continue
+            if obj["kind"] != "Deployment":
+                problems.append(f"{where}: service {role} should be a Deployment, not a {obj['kind']}")
+            served = {p["containerPort"] for p in c.get("ports", [])}
+            if not set(ports[role].values()) <= served:
+                problems.append(f"{where}: declares ports {sorted(served)}; {role} serves {sorted(ports[role].values())}")
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                port = _probe_port(c, probe)
+                if (port is None and probe != "startupProbe") or (port is not None and port != ports[role]["grpc"]):
+                    problems.append(f"{where}: {probe} must be a gRPC probe on port {ports[role]['grpc']}, got {port}")
+            service = _find(objs, "Service", role)
+            service_ports = {(p["port"], p.get("targetPort", p["port"])) for p in (service or {"spec": {}})["spec"].get("ports", [])}
+            if (ports[role]["grpc"], ports[role]["grpc"]) not in service_ports:
+                problems.append(f"Service/{role}: must expose gRPC port {ports[role]['grpc']} (got {sorted(service_ports)})")
+    hpa = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"
+           and o["spec"]["scaleTargetRef"]["name"] == "verifier"]
+    if not hpa:
+        problems.append("no HorizontalPodAutoscaler scales the verifier")
+    redis = _find(objs, "StatefulSet", "redis")
+    if redis is None:
+        problems.append("no Redis StatefulSet")
+    else:
+        c = redis["spec"]["template"]["spec"]["containers"][0]
+        if "--appendonly yes" not in " ".join(c.get("command", []) + c.get("args", [])) or \
+                not redis["spec"].get("volumeClaimTemplates"):
+            problems.append("StatefulSet/redis: needs `--appendonly yes` and a volumeClaimTemplate")
+        if REDIS_PORT not in reachable(objs).get("redis", set()):
+            problems.append(f"Service/redis: must expose {REDIS_PORT}")
+    return problems
+
+
+# --- NetworkPolicy --------------------------------------------------------------------------------------------
+
+def _namespace_labels(namespace: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": namespace}  # set by Kubernetes on every namespace
+
+
+def allowed(objs: list[Obj], source: Pod, target: Pod, port: int) -> bool:
+    """Whether ingress NetworkPolicies let `source` open a TCP connection to `port` of `target`."""
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"
+                and o["metadata"].get("namespace", "default") == target.namespace
+                and _selects(o["spec"].get("podSelector"), target.labels)
+                and "Ingress" in o["spec"].get("policyTypes", ["Ingress"])]
+    if not policies:
+        return True  # a pod no policy selects is not isolated
+    for policy in policies:
+        for rule in policy["spec"].get("ingress") or []:
+            rule_ports = rule.get("ports")
+            if rule_ports and not any(_port_matches(p, target, port) for p in rule_ports):
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_matches(peer, source, policy["metadata"].get("namespace", "default"))
+                                for peer in peers):
+                return True
+    return False
+
+
+def _port_matches(entry: Obj, target: Pod, port: int) -> bool:
+    if entry.get("protocol", "TCP") != "TCP":
+        return False
+    if "port" not in entry:
+        return True
+    start = target.ports.get(entry["port"]) if isinstance(entry["port"], str) else entry["port"]
+    return start is not None and start <= port <= entry.get("endPort", start)
+
+
+def _peer_matches(peer: Obj, source: Pod, policy_namespace: str) -> bool:
+    if "ipBlock" in peer:
+        return False  # pod-to-pod traffic is judged by pod and namespace selectors
+    if "namespaceSelector" in peer:
+        if not _selects(peer["namespaceSelector"], _namespace_labels(source.namespace)):
+            return False
+    elif source.namespace != policy_namespace:
+        return False
+    return _selects(peer.get("podSelector"), source.labels)
+
+
+def network_problems(objs: list[Obj], metrics_from_monitoring: bool) -> list[str]:
+    """Every (source, target pod, target port) is allowed exactly when the deployment means it to be: gRPC only from
+    the orchestrator (and the verifier from the generator), Redis only from the orchestrator, the reward HTTP port
+    from anywhere in the cluster, metrics from the monitoring namespace when `metrics_from_monitoring`."""
+    ports = default_ports()
+    targets = pods(objs)
+    namespace = targets[0].namespace if targets else "default"
+    sources = [*targets, Pod("stranger", {"app": "other"}, namespace, {}),
+               Pod("outsider", {"app": "other"}, "elsewhere", {}),
+               Pod("prometheus", {"app": "prometheus"}, "monitoring", {})]
+    problems = []
+    for target in targets:
+        for port in sorted(set(target.ports.values())):
+            for source in sources:
+                role = target.role
+                if role in SERVICES and port == ports[role]["grpc"]:
+                    want = source.role == "orchestrator" or (role == "verifier" and source.role == "generator")
+                elif role == "reward" and port == ports["reward"]["http"]:
+                    want = True
+                elif role == "redis" and port == REDIS_PORT:
+                    want = source.role == "orchestrator"
+                elif role in SERVICES and port == ports[role]["metrics"]:
+                    want = metrics_from_monitoring and source.role == "prometheus"
+                else:
+                    want = False
+                if allowed(objs, source, target, port) != want:
+                    problems.append(f"NetworkPolicy: {source.role} ({source.namespace}) -> {role}:{port} is "
+                                    f"{'denied' if want else 'allowed'}, expected {'allowed' if want else 'denied'}")
+    return problems

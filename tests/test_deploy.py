@@ -1,0 +1,378 @@
+"""Deployment files, validated without Docker or a cluster: the Dockerfiles, docker-compose.yml against the compose
+specification, deploy/k8s (assembled as kustomize would) against the Kubernetes schemas, every container's command
+run with `--check-config` on exactly the config file and environment the container gets, env names against config
+fields, ports against the config defaults, NetworkPolicies evaluated pod to pod. Each check is also shown to catch a
+planted error (a wrong port, an unknown key, an open port), so none of them can pass vacuously."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from cooper.config import load_config
+from cooper.runtime import healthcheck
+from deploy import common, compose, k8s, kustomize
+
+ROOT, SERVICES, Container = common.ROOT, common.SERVICES, common.Container
+COMPOSE = ROOT / "docker-compose.yml"
+K8S = ROOT / "deploy" / "k8s"
+OVERLAY = "overlays/gpu-cluster"
+
+
+@pytest.fixture(scope="module")
+def compose_file() -> dict:
+    return compose.load_compose(COMPOSE)
+
+
+@pytest.fixture(scope="module")
+def k8s_tree(tmp_path_factory) -> Path:
+    """A copy of deploy/k8s with the overlay's git-ignored token file made from its example, as the README says."""
+    tree = tmp_path_factory.mktemp("k8s") / "k8s"
+    shutil.copytree(K8S, tree)
+    overlay = tree / OVERLAY
+    (overlay / "reward-http.env").write_text((overlay / "reward-http.env.example").read_text())
+    return tree
+
+
+@pytest.fixture(scope="module")
+def builds(k8s_tree) -> dict[str, list[dict]]:
+    return {"base": kustomize.build(k8s_tree / "base"), "overlay": kustomize.build(k8s_tree / OVERLAY)}
+
+
+@pytest.fixture(scope="module")
+def config_runs(compose_file, builds, tmp_path_factory) -> dict[str, list[common.ConfigRun]]:
+    """Every Cooper container of compose, the base and the overlay, run with --check-config (in one parallel batch).
+    The orchestrator's `cooper train` is included once it exists."""
+    with_train = common.train_command_exists()
+    groups = {"compose": list(compose.containers(compose_file, ROOT).values()),
+              "base": k8s.containers(builds["base"]), "overlay": k8s.containers(builds["overlay"])}
+    flat = [(name, c) for name, cs in groups.items() for c in cs if c.role != "orchestrator" or with_train]
+    runs = common.check_config_runs([c for _, c in flat], tmp_path_factory.mktemp("check-config"))
+    out: dict[str, list[common.ConfigRun]] = {name: [] for name in groups}
+    for (name, _), run in zip(flat, runs, strict=True):
+        out[name].append(run)
+    return out
+
+
+def _reachable(name: str, compose_file: dict, builds: dict) -> dict[str, set[int]]:
+    return compose.reachable(compose_file) if name == "compose" else k8s.reachable(builds[name])
+
+
+# --- images ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dockerfile", ["cpu.Dockerfile", "gpu.Dockerfile"])  # (an id of "gpu" would read as the gpu marker)
+def test_dockerfiles_follow_the_rules(dockerfile):
+    assert common.dockerfile_problems(ROOT / "docker" / dockerfile, gpu=dockerfile.startswith("gpu")) == []
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("USER 10001:10001", "USER root", "non-root"),
+    ("COPY cooper ./cooper", "COPY cooperr ./cooper", "COPY source cooperr"),
+    ("--index-url https://download.pytorch.org/whl/cpu", "", "CPU index"),
+    ('"cooper.runtime.healthcheck"', '"cooper.runtime.health"', "HEALTHCHECK"),
+])
+def test_dockerfile_check_catches_planted_errors(tmp_path, old, new, needle):
+    text = (ROOT / "docker" / "cpu.Dockerfile").read_text()
+    assert old in text
+    planted = tmp_path / "cpu.Dockerfile"
+    planted.write_text(text.replace(old, new))
+    assert any(needle in p for p in common.dockerfile_problems(planted, gpu=False))
+
+
+# --- compose ---------------------------------------------------------------------------------------------------
+
+def test_compose_matches_the_compose_specification(compose_file):
+    assert compose.schema_problems(compose_file) == []
+
+
+def test_compose_schema_catches_an_unknown_key(compose_file):
+    planted = yaml.safe_load(yaml.safe_dump(compose_file))
+    planted["services"]["verifier"]["helthcheck"] = planted["services"]["verifier"].pop("healthcheck")
+    problems = compose.schema_problems(planted)
+    assert any("services.verifier" in p and "helthcheck" in p for p in problems), problems
+
+
+def test_compose_follows_the_deployment_rules(compose_file):
+    assert compose.rule_problems(compose_file, ROOT) == []
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ('"127.0.0.1:50051"', '"127.0.0.1:50061"', "healthcheck checks port 50061"),
+    ("COOPER_REDIS__URL: redis://redis:6379/0", "COOPER_REDIS_URL: redis://redis:6379/0", "double underscores"),
+    ("COOPER_RUN__OUTPUT_DIR: /data/runs", "COOPER_RUN__OUTPUT_DIRS: /data/runs", "names no config field ('run.output_dirs')"),
+    ('      - "${REWARD_HTTP_PORT:-8000}:8000"', '      - "${REWARD_HTTP_PORT:-8000}:8000"\n      - "50052:50052"',
+     "only the reward HTTP port"),
+    ("      policy:\n        condition: service_healthy", "      policy:\n        condition: service_started",
+     "depend on policy with condition service_healthy"),
+    ('"--appendonly", "yes"', '"--appendonly", "no"', "--appendonly yes"),
+])
+def test_compose_rules_catch_planted_errors(tmp_path, old, new, needle):
+    text = COMPOSE.read_text()
+    assert old in text
+    planted = tmp_path / "docker-compose.yml"
+    planted.write_text(text.replace(old, new, 1))
+    problems = compose.rule_problems(compose.load_compose(planted), ROOT)
+    assert any(needle in p for p in problems), problems
+
+
+def test_compose_rules_catch_a_missing_or_stray_gpu(compose_file):
+    planted = yaml.safe_load(yaml.safe_dump(compose_file))
+    planted["services"]["verifier"]["deploy"] = planted["services"]["policy"].pop("deploy")
+    problems = compose.rule_problems(planted, ROOT)
+    assert any("policy: a GPU reservation is missing" in p for p in problems), problems
+    assert any("verifier: a GPU reservation is not wanted" in p for p in problems), problems
+
+
+def test_compose_variables_are_interpolated_like_compose():
+    env = {"A": "x", "EMPTY": ""}
+    assert compose.interpolate("${A}-${B:-d}-${EMPTY:-e}-${EMPTY-f}-$$A-$A", env) == "x-d-e--$A-x"
+    with pytest.raises(ValueError, match="B is required"):
+        compose.interpolate("${B:?set it}", env)
+    loaded = compose.load_compose(COMPOSE, {"COOPER_CONFIG": "./configs/other.yaml", "REWARD_GPU": "3"})
+    assert loaded["services"]["verifier"]["volumes"][0].startswith("./configs/other.yaml:")
+    assert loaded["services"]["reward"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["3"]
+
+
+# --- Kubernetes ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", k8s.K8S_VERSIONS)
+@pytest.mark.parametrize("build", ["base", "overlay"])
+def test_k8s_manifests_match_the_kubernetes_schemas(builds, build, version):
+    assert k8s.schema_problems(builds[build], version) == []
+
+
+@pytest.mark.parametrize("build", ["base", "overlay"])
+def test_k8s_references_and_rules(builds, build):
+    assert k8s.reference_problems(builds[build]) == []
+    assert k8s.rule_problems(builds[build]) == []
+
+
+@pytest.mark.parametrize(("build", "metrics_from_monitoring"), [("base", False), ("overlay", True)])
+def test_k8s_network_policies_open_only_what_is_meant(builds, build, metrics_from_monitoring):
+    assert k8s.network_problems(builds[build], metrics_from_monitoring) == []
+
+
+def _planted_base(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str) -> list[dict]:
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree)
+    path = tree / "base" / file
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {file}"
+    path.write_text(text.replace(old, new, 1))
+    return kustomize.build(tree / "base")
+
+
+@pytest.mark.parametrize(("file", "old", "new", "check", "needle"), [
+    ("verifier.yaml", "          readinessProbe:\n            grpc:\n              port: 50051",
+     "          readinessProbe:\n            grpc:\n              port: 50061", "rules", "readinessProbe must be a gRPC probe on port 50051"),
+    ("reward.yaml", "      port: 50052\n      targetPort: 50052", "      port: 50062\n      targetPort: 50062",
+     "rules", "Service/reward: must expose gRPC port 50052"),
+    ("policy.yaml", "              containerPort: 50053", "              contanerPort: 50053", "schema",
+     "containers.0.ports.0: 'containerPort' is a required property"),
+    ("policy.yaml", "  replicas: 1\n", "  replicas: 1\n  replica: 1\n", "schema", "'replica' was unexpected"),
+    ("cooper.env", "COOPER_VERIFIER__SERVER__HOST=0.0.0.0", "COOPER_VERIFIER__SERVER__HOTS=0.0.0.0", "rules",
+     "names no config field ('verifier.server.hots')"),
+    ("policy.yaml", "nvidia.com/gpu: 1\n            limits:", "nvidia.com/gpu: 1\n            limits:\n              cpu: \"4\"",
+     "none", ""),  # a harmless edit: the checks must stay quiet
+    ("generator.yaml", "              memory: 48Gi\n              nvidia.com/gpu: 1", "              memory: 48Gi",
+     "rules", "generator: nvidia.com/gpu limit is 0"),
+    ("orchestrator.yaml", "            name: cooper-config", "            name: cooper-confg", "refs",
+     "uses ConfigMap cooper-confg"),
+    ("networkpolicy.yaml", "              app.kubernetes.io/component: orchestrator\n      ports:\n        - protocol: TCP\n          port: 50053",
+     "              app.kubernetes.io/component: orchestrator\n        - namespaceSelector: {}\n      ports:\n        - protocol: TCP\n          port: 50053",
+     "network", "outsider (elsewhere) -> policy:50053 is allowed, expected denied"),
+    ("networkpolicy.yaml", "          port: 8000", "          port: 8080", "network", "-> reward:8000 is denied"),
+    ("verifier.yaml", "  # No `replicas`: the HPA owns it", "  replicas: 2\n  # No `replicas`", "refs", "sets spec.replicas"),
+])
+def test_k8s_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, check, needle):
+    objs = _planted_base(k8s_tree, tmp_path, file, old, new)
+    problems = {
+        "schema": lambda: k8s.schema_problems(objs, k8s.K8S_VERSIONS[0]),
+        "rules": lambda: k8s.rule_problems(objs),
+        "refs": lambda: k8s.reference_problems(objs),
+        "network": lambda: k8s.network_problems(objs, metrics_from_monitoring=False),
+        "none": lambda: [*k8s.rule_problems(objs), *k8s.reference_problems(objs), *k8s.network_problems(objs, False)],
+    }[check]()
+    if check == "none":
+        assert problems == []
+    else:
+        assert any(needle in p for p in problems), problems
+
+
+def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree):
+    base, overlay = builds["base"], builds["overlay"]
+    namespaced = [o for o in overlay if o["kind"] != "Namespace"]
+    assert {o["metadata"].get("namespace") for o in namespaced} == {"cooper"}
+    images = {c.image for c in k8s.containers(overlay)}
+    assert images == {"ghcr.io/your-org/cooper:0.1.0", "ghcr.io/your-org/cooper-gpu:0.1.0-vllm"}
+    by_role = {c.role: c for c in k8s.containers(overlay)}
+    assert by_role["verifier"].env["COOPER_VERIFIER__WORKERS"] == "8"  # the patched CPU limit, via resourceFieldRef
+    assert by_role["reward"].env["COOPER_REWARD__HTTP__TOKEN"] == "replace-with-a-long-random-token"
+    assert by_role["reward"].files["/etc/cooper/cooper.yaml"] == (k8s_tree / OVERLAY / "cooper.yaml").read_text()
+    assert "/data/datasets" in [m["mountPath"] for m in next(
+        o for o in overlay if o["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]]
+    hpa = next(o for o in overlay if o["kind"] == "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 32)
+    names = lambda objs, kind: {o["metadata"]["name"] for o in objs if o["kind"] == kind}  # noqa: E731
+    # A different config or token gives a different generated name, so the pods using it are rolled.
+    assert names(base, "ConfigMap") != names(overlay, "ConfigMap") and names(base, "Secret") != names(overlay, "Secret")
+
+
+def test_overlay_without_its_token_file_names_the_example(tmp_path):
+    tree = tmp_path / "k8s"
+    shutil.copytree(K8S, tree)
+    (tree / OVERLAY / "reward-http.env").unlink(missing_ok=True)
+    with pytest.raises(kustomize.KustomizeError, match="copy reward-http.env.example to reward-http.env"):
+        kustomize.build(tree / OVERLAY)
+
+
+def test_kustomization_typos_are_errors(k8s_tree, tmp_path):
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree)
+    path = tree / "base" / "kustomization.yaml"
+    path.write_text(path.read_text().replace("configMapGenerator:", "configMapGenerater:"))
+    with pytest.raises(kustomize.KustomizeError, match="configMapGenerater"):
+        kustomize.build(tree / "base")
+
+
+# --- commands, config, environment, ports ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("deployment", ["compose", "base", "overlay"])
+def test_every_service_command_accepts_its_config(config_runs, compose_file, builds, deployment):
+    runs = [r for r in config_runs[deployment] if r.container.role in SERVICES]
+    assert sorted(r.container.role for r in runs) == sorted(SERVICES)
+    assert common.config_run_problems(runs, _reachable(deployment, compose_file, builds)) == []
+
+
+@pytest.mark.parametrize("deployment", ["compose", "base", "overlay"])
+def test_orchestrator_command_accepts_its_config(config_runs, compose_file, builds, deployment):
+    runs = [r for r in config_runs[deployment] if r.container.role == "orchestrator"]
+    if not runs:
+        pytest.skip("`cooper train` does not exist yet (issue 6); this test runs once it does")
+    assert common.config_run_problems(runs, _reachable(deployment, compose_file, builds)) == []
+
+
+def test_config_runs_catch_a_bad_key_and_a_wrong_port(compose_file, tmp_path):
+    verifier = compose.containers(compose_file, ROOT)["verifier"]
+    bad_key = Container("planted bad key", verifier.image, verifier.argv,
+                        {**verifier.env, "COOPER_VERIFIER__WRKERS": "2"}, verifier.files)
+    wrong_port = Container("planted wrong port", verifier.image, verifier.argv,
+                           {**verifier.env, "COOPER_VERIFIER__SERVER__PORT": "50061"}, verifier.files)
+    not_a_service = Container("planted bad command", verifier.image, [*verifier.argv[:4], "verifyer", *verifier.argv[5:]],
+                              verifier.env, verifier.files)
+    runs = common.check_config_runs([bad_key, wrong_port, not_a_service], tmp_path)
+    assert runs[0].returncode == 2 and "unknown config key 'verifier.wrkers'" in runs[0].stderr
+    assert runs[2].returncode == 2 and "invalid choice: 'verifyer'" in runs[2].stderr
+    problems = common.config_run_problems(runs, compose.reachable(compose_file))
+    assert any("planted wrong port: verifier.server.port is 50061" in p for p in problems), problems
+    assert any(p.startswith("planted bad key") and "exited 2" in p for p in problems), problems
+
+
+def test_env_names_map_to_config_fields():
+    assert common.config_field_exists("reward.http.token")
+    assert common.config_field_exists("data.test_paths.math500")  # keys under a dict field are free-form
+    assert not common.config_field_exists("reward.http.tokn")
+    assert not common.config_field_exists("run.steps.x")
+    env = {"COOPER_REWARD__HTTP__TOKEN": "", "COOPER_CACHE": "/c", "COOPER_REDIS_URL": "x", "COOPER_RUN__STEPZ": "1"}
+    problems = common.env_name_problems(env, "here")
+    assert len(problems) == 2 and "COOPER_REDIS_URL" in problems[0] and "run.stepz" in problems[1]
+
+
+def test_ports_agree_across_compose_k8s_and_config_defaults(compose_file, builds, tmp_path):
+    """The ports each container's config resolves to (mounted file + environment, as `cooper serve` loads it), the
+    compose healthchecks and published port, and the Kubernetes container ports, probes and Services: one set."""
+    defaults = common.default_ports()
+    for role in SERVICES:
+        want = defaults[role]
+        seen = {}
+        containers = {"compose": compose.containers(compose_file, ROOT)[role]}
+        for name in ("base", "overlay"):
+            containers[name] = next(c for c in k8s.containers(builds[name]) if c.role == role)
+        for name, c in containers.items():
+            config_path = c.cooper_args[c.cooper_args.index("--config") + 1]
+            mounted = tmp_path / f"{name}-{role}.yaml"
+            mounted.write_text(c.files[config_path])
+            cfg = getattr(load_config(mounted, environ=c.env), role)
+            seen[name] = {"grpc": cfg.server.port, "metrics": cfg.server.metrics_port}
+            if role == "reward":
+                seen[name]["http"] = cfg.http.port
+        healthcheck_port = compose._healthcheck_port(compose_file["services"][role])
+        k8s_ports = {}
+        for name in ("base", "overlay"):
+            deployment = next(o for o in builds[name] if o["kind"] == "Deployment" and o["metadata"]["name"] == role)
+            c = deployment["spec"]["template"]["spec"]["containers"][0]
+            service = next(o for o in builds[name] if o["kind"] == "Service" and o["metadata"]["name"] == role)
+            k8s_ports[name] = ({p["name"]: p["containerPort"] for p in c["ports"]},
+                               c["readinessProbe"]["grpc"]["port"], c["livenessProbe"]["grpc"]["port"],
+                               {p["name"]: p["port"] for p in service["spec"]["ports"]})
+        assert seen == {"compose": want, "base": want, "overlay": want}, role
+        assert healthcheck_port == want["grpc"], role
+        for name, (container_ports, readiness, liveness, service_ports) in k8s_ports.items():
+            assert container_ports == want and service_ports == want, (role, name)
+            assert readiness == liveness == want["grpc"], (role, name)
+    assert compose._published(compose_file["services"]["reward"]) == [defaults["reward"]["http"]]
+
+
+# --- the health check command ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def health_server():
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    yield servicer, port
+    server.stop(0)
+
+
+def test_healthcheck_follows_the_health_service(health_server, tmp_path, capsys):
+    servicer, port = health_server
+    assert healthcheck.main([f"127.0.0.1:{port}"]) == 0
+    ready = tmp_path / "ready.json"
+    ready.write_text(json.dumps({"service": "verifier", "grpc_port": port}))
+    assert healthcheck.main(["--ready-file", str(ready)]) == 0
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert healthcheck.main([f"127.0.0.1:{port}"]) == 1
+    assert "NOT_SERVING" in capsys.readouterr().err
+    assert healthcheck.main(["--ready-file", str(tmp_path / "missing.json")]) == 1
+    assert "no usable ready file" in capsys.readouterr().err
+
+
+def test_healthcheck_command_fails_when_nothing_listens(health_server):
+    _, port = health_server
+    # The exact command line of the compose healthcheck, against a port where nothing listens.
+    free = subprocess.run([sys.executable, "-m", "cooper.runtime.healthcheck", "127.0.0.1:1", "--timeout", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert free.returncode == 1 and "UNAVAILABLE" in free.stderr
+    ok = subprocess.run([sys.executable, "-m", "cooper.runtime.healthcheck", f"127.0.0.1:{port}"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+
+
+# --- README ----------------------------------------------------------------------------------------------------
+
+def test_readme_deploy_commands_match_the_files():
+    readme = (ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else ""
+    match = re.search(r"^## Deploy.*?(?=^## (?!#)|\Z)", readme, flags=re.M | re.S)
+    if match is None:
+        pytest.skip("README has no `## Deploy` section yet")
+    section = match.group(0)
+    for path in re.findall(r"(?<![\w/.-])((?:docker|deploy|configs)/[\w./-]+|docker-compose\.yml)", section):
+        assert (ROOT / path.rstrip(".")).exists(), f"README names {path}, which does not exist"
+    for directory in re.findall(r"kubectl apply -k (\S+)", section):
+        assert (ROOT / directory / "kustomization.yaml").is_file(), directory
+    routes = set(re.findall(r'@app\.(?:get|post)\("([^"]+)"', (ROOT / "cooper/services/reward/http.py").read_text()))
+    for url in re.findall(r"curl [^\n]*?http://[\w.-]+:(\d+)(/[\w/]+)", section):
+        assert int(url[0]) == common.default_ports()["reward"]["http"] and url[1] in routes, url
