@@ -74,6 +74,8 @@ def test_chat_template_when_present_plain_prompt_otherwise(engine: TransformersE
     plain_tokenizer = copy.deepcopy(tokenizer)
     plain_tokenizer.chat_template = None
     assert encode_prompt(plain_tokenizer, text) == tokenizer(text)["input_ids"]
+    with pytest.raises(ValueError, match="empty"):
+        encode_prompt(plain_tokenizer, "")
     plain = TransformersEngine(model, plain_tokenizer).generate([text], SamplingParams(n=1, max_new_tokens=2))
     assert plain[0][0].prompt_token_ids == tokenizer(text)["input_ids"]
 

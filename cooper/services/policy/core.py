@@ -62,7 +62,7 @@ def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
 
 def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as err:
         raise RuntimeError(
             f"cannot load a causal LM from {path!r} ({err}); set policy.model to a local model directory, a "
@@ -192,13 +192,13 @@ class PolicyCore:
         return self.checkpoint
 
     def info(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "model": self.cfg.model,
-                "version": self.version,
-                "parameters": self.parameters,
-                "device": str(self.device),
-                "engine": self.engine.name,
-                "last_key": self.last_key,
-                "checkpoint": self.checkpoint,
-            }
+        # No lock: a snapshot of plain attributes, so Info answers at once even during a long Train.
+        return {
+            "model": self.cfg.model,
+            "version": self.version,
+            "parameters": self.parameters,
+            "device": str(self.device),
+            "engine": self.engine.name,
+            "last_key": self.last_key,
+            "checkpoint": self.checkpoint,
+        }

@@ -75,8 +75,12 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
         )
         # The template already holds any BOS/special tokens; adding them again would duplicate them.
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        ids = list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    else:
+        ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if not ids:
+        raise ValueError("a prompt is empty (no tokens and no chat template); send non-empty prompt text")
+    return ids
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:

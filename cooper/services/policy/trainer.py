@@ -140,7 +140,8 @@ class GRPOTrainer:
         return out.logits[:, :-1]
 
     def _micro_batches(self, samples: Sequence[RolloutSample]) -> list[tuple[int, int]]:
-        return [(i, min(i + self.micro_batch_size, len(samples))) for i in range(0, len(samples), self.micro_batch_size)]
+        size = self.micro_batch_size
+        return [(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]
 
     @torch.no_grad()
     def _logprobs(self, model: Any, batch: _Batch) -> Tensor:

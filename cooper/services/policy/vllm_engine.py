@@ -1,9 +1,10 @@
 """Rollouts with vLLM in the policy process (the `gpu` extra; needs CUDA).
 
-Imported lazily by `core.build_engine` only when `policy.engine=vllm`, never on CPU code paths. The engine runs
-in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that after each update `sync_weights` can copy the trainer's
-tensors straight into vLLM's model with its own `load_weights` (GPU to GPU, no files, no restart), then drop the
-prefix cache, whose KV entries were computed with the old weights.
+Imported lazily by `core.build_engine` only when `policy.engine=vllm`, never on CPU code paths. The engine core
+runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and `WeightSyncExtension` is mixed into vLLM's worker
+(`worker_extension_cls`, vLLM's documented hook for RLHF weight updates), so after each update `sync_weights`
+hands the trainer's tensors by reference to vLLM's own `load_weights` through `collective_rpc` (GPU to GPU, no
+files, no restart), then drops the prefix cache, whose KV entries were computed with the old weights.
 
 Sampling log-probs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling
 (and, when top_p < 1, after its nucleus renormalisation); with top_p = 1, the training setting, this is the
@@ -20,6 +21,15 @@ from typing import Any
 
 from cooper.config import PolicyConfig
 from cooper.services.policy.engine import Completion, SamplingParams, encode_prompt, eos_token_ids
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's GPU worker; `self.model_runner` is the worker's. Nothing here imports vLLM."""
+
+    model_runner: Any
+
+    def cooper_load_weights(self, weights: list[tuple[str, Any]]) -> None:
+        self.model_runner.model.load_weights(weights=weights)
 
 
 class VLLMEngine:
@@ -49,21 +59,16 @@ class VLLMEngine:
             # Ignore the model's generation_config.json defaults (top_k, repetition penalty): the request decides.
             "generation_config": "vllm",
             "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": f"{__name__}.WeightSyncExtension",
         }
         if cfg.vllm_max_model_len:
             kwargs["max_model_len"] = cfg.vllm_max_model_len
         self.llm = vllm.LLM(**kwargs)
 
-    def _vllm_model(self) -> Any:
-        executor = self.llm.llm_engine.model_executor
-        worker = executor.driver_worker
-        worker = getattr(worker, "worker", worker)  # V1 wraps the worker once more
-        return worker.model_runner.model
-
     def sync_weights(self) -> None:
-        """Copy the trainer's current weights into vLLM's model (vLLM casts to its dtype)."""
-        target = self._vllm_model()
-        target.load_weights(((name, tensor.detach()) for name, tensor in self.model.state_dict().items()))
+        """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
+        weights = [(name, tensor.detach()) for name, tensor in self.model.state_dict().items()]
+        self.llm.collective_rpc("cooper_load_weights", args=(weights,))
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Completion]]:
