@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -159,16 +159,18 @@ def _config_model(annotation: Any) -> type[BaseModel] | None:
 
 def config_field_exists(dotted: str) -> bool:
     """Whether `reward.http.token` names a field of CooperConfig (keys under a dict field are free-form)."""
-    model: type[BaseModel] | None = CooperConfig
-    for part in dotted.split("."):
-        if model is None:
-            return True  # under a dict-valued field such as data.test_paths
+    parts = dotted.split(".")
+    model: type[BaseModel] = CooperConfig
+    for i, part in enumerate(parts):
         info = model.model_fields.get(part)
         if info is None:
             return False
-        model = _config_model(info.annotation)
-        if model is None and part != dotted.split(".")[-1]:
-            return str(info.annotation).startswith("dict")
+        if i == len(parts) - 1:
+            return True
+        sub = _config_model(info.annotation)
+        if sub is None:  # a value: only a dict-valued field (data.test_paths) has keys below it
+            return get_origin(info.annotation) is dict
+        model = sub
     return True
 
 
