@@ -119,6 +119,13 @@ def test_tiny_model_applies_the_chat_template_and_respects_max_tokens(tiny_assis
     assert greedy == [replies[1]]  # temperature 0 is greedy, hence reproducible
 
 
+def test_tiny_model_answers_an_overlong_prompt_with_nothing_and_the_rest_normally(tiny_assistant):
+    long = [{"role": "user", "content": "7 + 7 = 14. " * 2000}]  # far past the tiny model's 2048 positions
+    short = [{"role": "user", "content": "What is 3 + 4?"}]
+    replies = asyncio.run(tiny_assistant.chat([ChatRequest(long, 0.0, 4), ChatRequest(short, 0.0, 4)]))
+    assert replies[0] == "" and replies[1] == asyncio.run(tiny_assistant.chat([ChatRequest(short, 0.0, 4)]))[0]
+
+
 def test_judge_with_the_tiny_model(tiny_assistant):
     tasks = [JudgeTask("What is 3 + 4?", "7", "3 + 4 = 7. The answer is \\boxed{7}.")]
     [(verdict, raw)] = asyncio.run(judge(tasks, tiny_assistant, temperature=0.0, max_tokens=16))

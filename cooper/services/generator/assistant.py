@@ -72,7 +72,8 @@ class TransformersAssistant:
         self.tokenizer.padding_side = "left"  # decoder-only batches pad on the left so replies start aligned
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(config.dtype, device)).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(config.dtype, device))
+        self.model = model.to(device)  # type: ignore[arg-type]
         self.model.eval()
         self.max_len = config.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 4096
         self._lock = asyncio.Lock()
@@ -91,16 +92,28 @@ class TransformersAssistant:
         return [replies[i] for i in range(len(requests))]
 
     def _generate(self, requests: list[ChatRequest]) -> list[str]:
+        prompts = [str(self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True))
+                   for r in requests]
+        lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        # A prompt that fills the context gets an empty reply (its candidate is rejected as empty) instead of
+        # failing the batch it came with.
+        fits = [i for i, n in enumerate(lengths) if n < self.max_len]
+        if len(fits) < len(requests):
+            log.warning("%d prompt(s) longer than the assistant's %d tokens get no reply",
+                        len(requests) - len(fits), self.max_len)
+        replies = [""] * len(requests)
+        if fits:
+            texts = self._generate_fitting([prompts[i] for i in fits], [requests[i] for i in fits])
+            for i, text in zip(fits, texts, strict=True):
+                replies[i] = text
+        return replies
+
+    def _generate_fitting(self, prompts: list[str], requests: list[ChatRequest]) -> list[str]:
         import torch
 
-        prompts = [self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
-                   for r in requests]
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         prompt_len = enc["input_ids"].shape[1]  # [batch, prompt_len], left-padded
-        room = self.max_len - prompt_len
-        if room < 1:
-            raise AssistantError(f"prompt of {prompt_len} tokens leaves no room in the model's {self.max_len}")
-        max_new = min(max(r.max_tokens for r in requests), room)
+        max_new = min(max(r.max_tokens for r in requests), self.max_len - prompt_len)
         temperature = requests[0].temperature
         sampling: dict[str, Any] = {"do_sample": False}
         if temperature > 0:
@@ -111,7 +124,7 @@ class TransformersAssistant:
             )
         new_tokens = out[:, prompt_len:]  # [batch, <= max_new]
         # The batch generates to its longest budget; each reply is cut to its own.
-        return [self.tokenizer.decode(row[: r.max_tokens], skip_special_tokens=True)
+        return [str(self.tokenizer.decode(row[: r.max_tokens], skip_special_tokens=True))
                 for row, r in zip(new_tokens, requests, strict=True)]
 
     async def close(self) -> None:

@@ -21,7 +21,7 @@ _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer is[:\s]*([^\n]*)", re.IGNORECASE)
 _NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?")
-_DELTAS = [1, -1, 2, -2, 3, 10, -10, "x2", -3, 5]
+_DELTAS: list[int | None] = [1, -1, 2, -2, 3, 10, -10, None, -3, 5]  # None doubles
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def wrong_number(number: str, attempt: int, seed: str) -> str:
     random.Random(seed).shuffle(order)
     values: list[int] = []
     for delta in order:
-        value = scaled * 2 if delta == "x2" else scaled + int(delta)
+        value = scaled * 2 if delta is None else scaled + delta
         if value >= 0 and value != scaled and value not in values:
             values.append(value)
     value = values[(attempt - 1) % len(values)]
