@@ -28,7 +28,9 @@ class ServiceClient:
     def __init__(self, address: str, config: ServerConfig | None = None):
         self.address = address
         self.config = config or ServerConfig()
-        self.channel = grpc.insecure_channel(address, options=grpc_options(self.config.max_message_mb))
+        # round_robin: a DNS name with several replicas behind it (a headless Service) gets calls spread over all.
+        options = [*grpc_options(self.config.max_message_mb), ("grpc.lb_policy_name", "round_robin")]
+        self.channel = grpc.insecure_channel(address, options=options)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
     def call(self, method: Any, request: Any, deadline_s: float | None = None) -> Any:

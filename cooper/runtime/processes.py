@@ -62,8 +62,9 @@ def start_service(
     log_dir: str | os.PathLike[str] | None = None,
     ready_timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
+    wait: bool = True,
 ) -> ServiceProcess:
-    """Run `cooper serve NAME --port PORT` and wait until it has written its ready file."""
+    """Run `cooper serve NAME --port PORT` and (unless wait=False) wait until it has written its ready file."""
     tmp = tempfile.TemporaryDirectory(prefix=f"cooper-{name}-")
     ready = Path(tmp.name) / "ready.json"
     log_path = Path(log_dir or tmp.name) / f"{name}.log"
@@ -73,15 +74,47 @@ def start_service(
         cmd += ["--config", str(config_path)]
     cmd += list(overrides)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
     service = ServiceProcess(name, process, {}, log_path, _tmp=tmp)
-    deadline = time.monotonic() + ready_timeout_s
-    while time.monotonic() < deadline:
-        if ready.exists():
-            service.info = json.loads(ready.read_text())
-            return service
-        if process.poll() is not None:
-            raise ServiceStartError(f"service {name} exited with {process.returncode}:\n{service.log_tail()}")
-        time.sleep(0.05)
-    service.stop(grace_s=2)
-    raise ServiceStartError(f"service {name} not ready after {ready_timeout_s:.0f} s:\n{service.log_tail()}")
+    service._ready_path = ready  # type: ignore[attr-defined]
+    if wait:
+        wait_until_ready([service], ready_timeout_s)
+    return service
+
+
+def wait_until_ready(services: Sequence[ServiceProcess], timeout_s: float = 120.0) -> None:
+    """Wait for every service's ready file; on failure stop them all and raise with the failing one's log."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(services)
+    while waiting:
+        for service in list(waiting):
+            ready: Path = service._ready_path  # type: ignore[attr-defined]
+            if ready.exists():
+                service.info = json.loads(ready.read_text())
+                waiting.remove(service)
+            elif service.process.poll() is not None:
+                for other in services:
+                    other.stop(grace_s=2)
+                raise ServiceStartError(
+                    f"service {service.name} exited with {service.process.returncode}:\n{service.log_tail()}")
+        if waiting and time.monotonic() > deadline:
+            for other in services:
+                other.stop(grace_s=2)
+            names = ", ".join(s.name for s in waiting)
+            raise ServiceStartError(f"{names} not ready after {timeout_s:.0f} s:\n{waiting[0].log_tail()}")
+        if waiting:
+            time.sleep(0.05)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the child when the process that started it dies, even by SIGKILL, so nothing is orphaned.
+
+    The signal follows the *thread* that forked, so start services from a long-lived thread (the main one).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not glibc Linux: children are still stopped on a normal exit
+        pass

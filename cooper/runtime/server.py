@@ -100,9 +100,11 @@ class GrpcService:
         """Extra facts for the ready file, e.g. the reward service's HTTP port."""
 
     async def start(self) -> int:
-        server = grpc.aio.server(
-            interceptors=[_MetricsInterceptor(self.name)], options=grpc_options(self.config.max_message_mb)
-        )
+        # Connections are recycled every minute so that clients re-resolve DNS and spread over new replicas
+        # (the verifier's HPA adds pods; a long-lived channel would otherwise stick to the old ones).
+        options = [*grpc_options(self.config.max_message_mb), ("grpc.max_connection_age_ms", 60_000),
+                   ("grpc.max_connection_age_grace_ms", 30_000)]
+        server = grpc.aio.server(interceptors=[_MetricsInterceptor(self.name)], options=options)
         self._service_names = self._add_servicers(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
