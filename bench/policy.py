@@ -1,6 +1,6 @@
 """Policy service over gRPC vs the same engine and trainer in-process, on the tiny model.
 
-    python bench/policy.py [--rounds 9] [--prompts 8] [--n 4] [--max-new-tokens 32] [--threads 1]
+    python bench/policy.py [--rounds 15] [--prompts 8] [--n 4] [--max-new-tokens 32] [--threads 1]
 
 The baseline is `PolicyCore` called directly in this process; the service is `cooper serve policy` in a
 subprocess with the same config (same model, seed, thread count), reached through `PolicyClient` on loopback.
@@ -71,7 +71,7 @@ def digit_share(text: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)

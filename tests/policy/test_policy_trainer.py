@@ -108,3 +108,18 @@ def test_thirty_updates_raise_the_reward_of_a_rule(tmp_path: Path, make_config: 
         core.train(f"toy/{step}", _samples(groups), rewards, group_size=8)
     first, last = sum(means[:5]) / 5, sum(means[-5:]) / 5
     assert last > first + 0.3, f"mean reward went from {first:.2f} to {last:.2f}: {means}"
+
+
+def test_reference_only_with_kl_and_periodic_checkpoints(tmp_path: Path,
+                                                         make_config: Callable[..., PolicyConfig]) -> None:
+    assert PolicyCore(make_config(tmp_path / "a", grpo={"kl_coef": 0.0})).reference is None
+    core = PolicyCore(make_config(tmp_path / "b", grpo={"kl_coef": 0.001}, save_every=2))
+    assert core.reference is not None
+    assert not any(p.requires_grad for p in core.reference.parameters())
+    reference = {n: p.clone() for n, p in core.reference.named_parameters()}
+    for step in range(3):
+        groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=6, seed=step))
+        result = core.train(f"kl/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2)
+    assert result.metrics["kl"] > 0  # the policy moved away from the frozen reference...
+    assert all(torch.equal(p, reference[n]) for n, p in core.reference.named_parameters())  # ...which stayed put
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["v00000002"]  # every 2 updates, not at 1 or 3
