@@ -1,0 +1,181 @@
+"""The reward service core: batcher, versions, idempotent updates, checkpoints and restart (real tiny model)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from reward_testkit import make_config, tiny_items, tiny_pairs
+
+from cooper.config import BatchingConfig
+from cooper.services.reward import checkpoint
+from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.service import RewardService, idempotency_key
+
+
+def test_idempotent_update_replays_and_trains_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        service = await RewardService.create(make_config(tmp_path))
+        items = tiny_items(4)
+        pairs = tiny_pairs(2)
+        first = await service.update(idempotency_key("run-a", 3), pairs)
+        after_first = await service.score(items)
+        again = await service.update(idempotency_key("run-a", 3), pairs)
+        assert again.replayed and not first.replayed
+        assert (again.loss, again.grad_norm, again.version) == (first.loss, first.grad_norm, first.version)
+        assert (await service.score(items)).logits == after_first.logits  # nothing trained
+        assert service.rm.version == 1 and service.info().last_key == "run-a/3"
+        # Another step, or the same step of another run, trains.
+        assert (await service.update(idempotency_key("run-a", 4), pairs)).version == 2
+        assert (await service.update(idempotency_key("run-b", 3), pairs)).version == 3
+        # No run id: no idempotency.
+        assert (await service.update(None, pairs)).version == 4
+        assert (await service.update(None, pairs)).version == 5
+        await service.stop()
+
+    asyncio.run(main())
+
+
+def test_checkpoint_restart_resumes_version_scores_optimizer_and_keys(tmp_path: Path) -> None:
+    config = make_config(tmp_path, save_on_stop=False)
+    items = tiny_items(6)
+    pairs = tiny_pairs(4)
+
+    async def main() -> None:
+        first = await RewardService.create(config)
+        await first.update(idempotency_key("run", 1), pairs)
+        recorded = await first.update(idempotency_key("run", 2), pairs)
+        saved = await first.save("step-2")
+        assert saved.version == 2 and Path(saved.path).name == "v00000002-u00000002"
+        assert first.info().checkpoint == saved.path
+        scores = await first.score(items)
+
+        second = await RewardService.create(config)
+        assert second.rm.version == 2 and second.info().last_key == "run/2"
+        assert (await second.score(items)).logits == scores.logits  # bit for bit
+        replay = await second.update(idempotency_key("run", 2), pairs)
+        assert replay.replayed and replay.loss == recorded.loss and second.rm.version == 2
+        # The optimizer state came back too: the next step is the same step in both.
+        a = await first.update(idempotency_key("run", 3), pairs)
+        b = await second.update(idempotency_key("run", 3), pairs)
+        assert (a.loss, a.grad_norm, a.version) == (b.loss, b.grad_norm, b.version)
+        assert (await first.score(items)).logits == (await second.score(items)).logits
+        await first.stop()
+        await second.stop()
+
+    asyncio.run(main())
+
+
+def test_checkpoints_are_atomic_pruned_and_saved_on_stop(tmp_path: Path) -> None:
+    config = make_config(tmp_path, keep_checkpoints=2, save_every=2)
+    root = Path(config.checkpoint_dir)
+    root.mkdir(parents=True)
+    (root / ".tmp-crashed").mkdir()  # a save that died half-way
+    (root / "v00000009-u00000009").mkdir()  # no state file: incomplete, never picked
+
+    async def main() -> None:
+        service = await RewardService.create(config)
+        assert service.rm.version == 0  # neither leftover was loaded
+        assert not (root / ".tmp-crashed").exists()
+        for step in range(5):
+            await service.update(idempotency_key("run", step), tiny_pairs(2))
+        await service.stop()  # version 5 is unsaved: save_on_stop writes it
+
+    asyncio.run(main())
+    names = [path.name for path in checkpoint.list_checkpoints(root)]
+    assert names == ["v00000004-u00000004", "v00000005-u00000005"]  # every 2 updates, on stop, keep 2
+    assert checkpoint.read_state(root / names[-1])["tag"] == "stop"
+
+
+def test_scores_never_mix_versions_while_updates_run(tmp_path: Path) -> None:
+    """Concurrent scoring and updates: each answer's logits are exactly those of the version it names."""
+    config = make_config(tmp_path)
+    items = tiny_items(6)
+
+    async def main() -> None:
+        service = await RewardService.create(config)
+        reference = {0: (await service.score(items)).logits}
+
+        async def updates() -> None:
+            for step in range(3):
+                await service.update(idempotency_key("run", step), tiny_pairs(2))
+                # On the model thread, between batches: exactly the weights of the version it names.
+                version, logits = await service.batcher.run_exclusive(
+                    lambda: (service.rm.version, service.rm.logits(service.rm.encode(items))))
+                reference[version] = logits
+
+        answers = []
+
+        async def scores() -> None:
+            for _ in range(12):
+                answers.append(await service.score(items))
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(updates(), scores(), scores())
+        await service.stop()
+        assert len({a.version for a in answers}) >= 2  # scoring really overlapped the updates
+        for answer in answers:
+            expected = reference[answer.version]
+            assert max(abs(x - y) for x, y in zip(answer.logits, expected, strict=True)) <= 1e-5
+
+    asyncio.run(main())
+
+
+def test_batcher_refuses_when_full_and_fails_stale_requests(tmp_path: Path) -> None:
+    config = make_config(tmp_path, batching=BatchingConfig(max_queue=4, queue_timeout_s=0.2, max_wait_ms=1))
+    items = tiny_items(3)
+
+    async def main() -> None:
+        service = await RewardService.create(config)
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(service.batcher.run_exclusive(lambda: gate.wait(10)))
+        waiting = asyncio.ensure_future(service.score(items))  # 3 items queued behind the blocker
+        await asyncio.sleep(0.05)
+        assert service.batcher.queued_items == 3
+        with pytest.raises(QueueFull) as full:
+            await service.score(items[:2])  # 3 + 2 > 4
+        assert full.value.retry_after_s >= 1
+        with pytest.raises(RequestTooLarge):
+            await service.score(tiny_items(5))  # could never fit
+        await asyncio.sleep(0.3)  # past queue_timeout_s
+        gate.set()
+        await blocker
+        with pytest.raises(QueueTimeout):
+            await waiting
+        assert service.batcher.queued_items == 0
+        assert len((await service.score(items)).logits) == 3  # serving again
+        await service.stop()
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Path) -> None:
+    config = make_config(tmp_path, batching=BatchingConfig(max_batch_size=4, max_tokens=100_000, max_wait_ms=1))
+    items = tiny_items(10)
+
+    async def main() -> None:
+        service = await RewardService.create(config)
+        seen: list[int] = []
+        run_batch = service.batcher.run_batch
+        service.batcher.run_batch = lambda tokens: (seen.append(len(tokens)), run_batch(tokens))[1]
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(service.batcher.run_exclusive(lambda: gate.wait(10)))
+        answers = [asyncio.ensure_future(service.score([item])) for item in items]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await blocker
+        results = await asyncio.gather(*answers)
+        assert seen == [4, 4, 2]  # ten one-item requests, cut by max_batch_size
+        alone = [(await service.score([item])).logits[0] for item in items]
+        assert max(abs(r.logits[0] - a) for r, a in zip(results, alone, strict=True)) <= 1e-5
+
+        longest = max(len(ids) for ids in service.rm.encode(items))
+        service.batcher.config = BatchingConfig(max_batch_size=64, max_tokens=2 * longest, max_wait_ms=1)
+        seen.clear()
+        await service.score(items)
+        assert max(seen) <= 2 and sum(seen) == 10  # at most two sequences fit the token budget
+        await service.stop()
+
+    asyncio.run(main())

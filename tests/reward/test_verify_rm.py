@@ -1,0 +1,132 @@
+"""VerifyRM core on the real tiny model: template, truncation, padding, Bradley-Terry updates, BCE pre-training."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from reward_testkit import tiny_items, tiny_pairs
+
+from cooper.config import OptimConfig
+from cooper.services.reward.verify_rm import (
+    LabelledTriple,
+    ScoreItem,
+    VerifyRM,
+    bradley_terry_loss,
+    format_input,
+    pair_accuracy,
+    truncate_middle,
+)
+
+
+def test_template_is_exactly_the_design_text() -> None:
+    text = format_input("What is 2+3?", "5", "2+3 = \\boxed{5}")
+    assert text == (
+        "<question>What is 2+3?</question>\n<reference_answer>5</reference_answer>\n"
+        "<completion>2+3 = \\boxed{5}</completion>"
+    )
+
+
+def test_truncation_keeps_first_500_and_last_1000_characters() -> None:
+    assert truncate_middle("x" * 1500) == "x" * 1500  # at the limit: untouched
+    long = "".join(chr(ord("a") + i % 26) for i in range(4000))
+    cut = truncate_middle(long)
+    assert len(cut) == 1500 and cut == long[:500] + long[-1000:]
+    question, reference, completion = "Q" * 3000, "R" * 1200 + "S" * 800, "C" * 1600
+    # The question is kept whole; reference and completion are cut in the middle.
+    assert format_input(question, reference, completion) == (
+        f"<question>{question}</question>\n<reference_answer>{'R' * 500}{'R' * 200}{'S' * 800}</reference_answer>\n"
+        f"<completion>{'C' * 1500}</completion>"
+    )
+
+
+def test_bradley_terry_loss_equals_hand_computation() -> None:
+    pos = torch.tensor([2.0, -1.0, 0.5])
+    neg = torch.tensor([1.0, 0.0, 3.0])
+    hand = sum(-math.log(1 / (1 + math.exp(-(p - n)))) for p, n in zip([2.0, -1.0, 0.5], [1.0, 0.0, 3.0],
+                                                                          strict=True)) / 3
+    assert abs(bradley_terry_loss(pos, neg).item() - hand) < 1e-6
+    assert pair_accuracy([2.0, -1.0, 0.5], [1.0, 0.0, 3.0]) == 1 / 3
+    assert pair_accuracy([1.0], [1.0]) == 0.0  # a tie is not a win
+
+
+def test_batched_scores_equal_one_at_a_time(rm: VerifyRM) -> None:
+    items = tiny_items(16)
+    lengths = {len(ids) for ids in rm.encode(items)}
+    assert len(lengths) > 5  # the batch really pads
+    batched = rm.score(items, batch_size=16)
+    single = [rm.score([item])[0] for item in items]
+    assert max(abs(a[1] - b[1]) for a, b in zip(batched, single, strict=True)) <= 1e-5
+    assert max(abs(a[0] - b[0]) for a, b in zip(batched, single, strict=True)) <= 1e-5
+
+
+def test_special_tokens_in_text_are_plain_text(rm: VerifyRM) -> None:
+    pad = rm.tokenizer.pad_token
+    [ids] = rm.encode([ScoreItem("q", "1", f"answer {pad}")])
+    assert rm.pad_id not in ids  # so it cannot move the pooling point
+
+
+def test_long_input_keeps_question_and_end_of_completion(rm: VerifyRM) -> None:
+    rm.max_length = 64
+    completion = "filler words here. " * 40 + "The answer is \\boxed{42}."
+    [ids] = rm.encode([ScoreItem("What is 6*7?", "42", completion)])
+    text = rm.tokenizer.decode(ids)
+    assert len(ids) == 64
+    assert text.startswith("<question>What is 6*7?</question>") and text.endswith("\\boxed{42}.</completion>")
+
+
+def test_repeated_updates_rank_positives_above_negatives(rm: VerifyRM) -> None:
+    pairs = tiny_pairs(8)
+    first = rm.update(pairs)
+    assert not first.skipped and first.version == 1
+    assert first.loss > 0.5  # untrained: near log 2
+    stats = first
+    for _ in range(24):
+        stats = rm.update(pairs)
+        if stats.pair_accuracy_after >= 0.95 and stats.loss < 0.4:
+            break
+    assert stats.pair_accuracy_after >= 0.95
+    assert stats.loss < first.loss
+    assert rm.version == stats.version > 1
+
+
+def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:
+    before = {name: p.detach().clone() for name, p in rm.model.named_parameters()}
+    rm.update(tiny_pairs(4))
+    unchanged = [name for name, p in rm.model.named_parameters() if torch.equal(before[name], p)]
+    assert unchanged == []
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_rm_dir: str) -> None:
+    pairs = tiny_pairs(6)
+    whole = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=12), device="cpu").update(pairs)
+    micro = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=2), device="cpu").update(pairs)
+    assert abs(whole.loss - micro.loss) < 1e-5
+    assert abs(whole.grad_norm - micro.grad_norm) < 1e-4 * max(1.0, whole.grad_norm)
+    assert abs(whole.pair_accuracy_after - micro.pair_accuracy_after) < 1e-9
+
+
+def test_non_finite_gradient_skips_the_step(rm: VerifyRM) -> None:
+    with torch.no_grad():
+        rm.model.score.weight[0, 0] = float("nan")
+    before = {name: p.detach().clone() for name, p in rm.model.named_parameters()}
+    stats = rm.update(tiny_pairs(4))
+    assert stats.skipped and stats.version == 0 and rm.version == 0
+    assert not math.isfinite(stats.grad_norm)
+    for name, p in rm.model.named_parameters():
+        assert torch.equal(before[name], p) or torch.isnan(p).any(), name
+    assert not rm.optimizer.state  # AdamW never stepped
+
+
+def test_no_pairs_is_a_skipped_update(rm: VerifyRM) -> None:
+    stats = rm.update([])
+    assert stats.skipped and stats.version == 0
+
+
+def test_pretrain_bce_learns_labels(rm: VerifyRM) -> None:
+    triples = [LabelledTriple(p.question, p.reference, c, label)
+               for p in tiny_pairs(2) for c, label in ((p.positive, True), (p.negative, False))]
+    result = rm.pretrain(triples, epochs=20, lr=3e-3, batch_size=4)
+    assert result["accuracy"] == 1.0
+    assert result["loss"] < math.log(2)
+    assert rm.version == 0
