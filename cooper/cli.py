@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from cooper.config import ConfigError, CooperConfig, load_config, to_yaml
 
@@ -29,6 +31,40 @@ Examples:
 """
 
 
+TRAIN_EPILOG = """\
+With no arguments, `cooper train` runs the tiny preset on this machine: it builds a tiny tokenizer and Qwen2 models
+(a warm-started policy and a pretrained VerifyRM, cached after the first run), starts an embedded Redis and the
+services it needs on free loopback ports, trains, and stops everything. Outputs go to runs/<name>/: config.yaml,
+metrics.jsonl, tensorboard/, plot.png, checkpoints/, logs/. A config that names service addresses
+(<service>.server.address) and a Redis URL (redis.url) starts nothing and only orchestrates.
+Examples:
+  cooper train
+  cooper train run.mode=static run.steps=10
+  cooper train --config configs/qwen2.5-1.5b-cooper.yaml
+  cooper train --resume cooper-20261120-120000
+"""
+
+
+def _preset_path(name: str | None) -> str | None:
+    """A bare preset name ("tiny") means configs/<name>.yaml of this checkout."""
+    if name is None or os.sep in name or name.endswith((".yaml", ".yml")):
+        return name
+    return str(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.resume and (args.config or args.overrides):
+        raise ConfigError("--resume continues a run with its own saved config; drop --config and the overrides")
+    config = load_config(_preset_path(args.config or ("tiny" if not args.resume else None)), args.overrides)
+    if args.check_config:
+        print(to_yaml(config), end="")
+        return 0
+    from cooper.orchestrator.launch import train
+
+    train(config, resume=args.resume, progress=not args.no_progress, workers=args.workers)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cooper",
@@ -48,6 +84,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
     serve.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
     serve.add_argument("overrides", nargs="*", help="dotted overrides, e.g. verifier.workers=2")
+
+    train = sub.add_parser(
+        "train", help="train a policy (no arguments: the tiny preset, everything local)", epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
+    train.add_argument("--resume", metavar="RUN", help="continue the run RUN (a name under run.output_dir, or a path)")
+    train.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    train.add_argument("--workers", type=int, default=3, help="stage worker threads (default 3)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=5 run.mode=static")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
     show.add_argument("--config", help="YAML config file")
@@ -88,12 +134,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "train":
+            return _train(args)
         if args.command == "config":
             print(to_yaml(_load(args)), end="")
             return 0
     except ConfigError as err:
         print(f"cooper: {err}", file=sys.stderr)
         return 2
+    except (OSError, RuntimeError, ValueError) as err:  # missing files, services that fail to start, failed jobs
+        print(f"cooper: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return 2

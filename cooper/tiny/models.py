@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cooper.tiny.task import make_split, wrong_solution
 
-TINY_VERSION = "v1"  # bump when the builders change, so stale caches are not reused
+TINY_VERSION = "v2"  # bump when the builders change, so stale caches are not reused
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -117,8 +117,23 @@ def tiny_reward_model_dir() -> Path:
     return _build_once("reward-model", lambda out: _build_model("reward", out))
 
 
+TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm")
+
+
 def resolve_model(name: str, kind: str) -> str:
-    """"tiny" -> a locally built model directory of `kind` ("causal" or "reward"); anything else as given."""
+    """A tiny model name -> its locally built directory; anything else (hub id, local path) as given.
+
+    "tiny" is a random tiny model of `kind` ("causal" or "reward"); "tiny-sft" the warm-started policy and
+    "tiny-rm" the pretrained VerifyRM of the tiny preset (cooper/tiny/warm_start.py).
+    """
+    if name == "tiny-sft":
+        from cooper.tiny.warm_start import tiny_sft_policy_dir
+
+        return str(tiny_sft_policy_dir())
+    if name == "tiny-rm":
+        from cooper.tiny.warm_start import tiny_pretrained_rm_dir
+
+        return str(tiny_pretrained_rm_dir())
     if name != "tiny":
         return name
     if kind == "causal":

@@ -24,7 +24,7 @@ class Problem:
 def make_problem(rng: random.Random, index: int, split: str) -> Problem:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     op = rng.choice("+-*")
-    a, b = rng.randint(2, 20), rng.randint(2, 9)
+    a, b = rng.randint(2, 12), rng.randint(2, 9)  # small enough that a 2-layer model gets some right
     if op == "+":
         question = f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have?"
         result, work = a + b, f"{a} + {b} = {a + b}"
@@ -33,6 +33,7 @@ def make_problem(rng: random.Random, index: int, split: str) -> Problem:
         question = f"{name} has {a} {thing} and gives away {b}. How many {thing} are left?"
         result, work = a - b, f"{a} - {b} = {a - b}"
     else:
+        a = rng.randint(2, 9)
         question = f"{name} has {a} bags with {b} {thing} each. How many {thing} are there?"
         result, work = a * b, f"{a} * {b} = {a * b}"
     solution = f"We compute {work}. The answer is \\boxed{{{result}}}."

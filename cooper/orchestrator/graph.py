@@ -1,0 +1,97 @@
+"""The step graph (DESIGN.md section 4): which jobs a step has and what each waits for. Pure; no Redis.
+
+    rollout(t) ─┬─ score(t) ──────────────── policy_update(t) ── rollout(t+1)
+                └─ verify(t) ── negatives(t) ┐
+                   score(t) ─────────────────┴ reward_update(t) ── score(t+1)
+
+Modes change the graph, not the code: `rule` scores with the verifier's verdicts (score(t) waits for verify(t)
+and the reward service is never called); `static` never updates VerifyRM (no negatives, no reward_update);
+`cooper` has it all. Evaluation after step t, when due, runs before rollout(t+1) so that it sees exactly the
+weights of version t+1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLLOUT, VERIFY, SCORE, POLICY_UPDATE, NEGATIVES, REWARD_UPDATE, EVALUATE = (
+    "rollout", "verify", "score", "policy_update", "negatives", "reward_update", "evaluate",
+)
+
+
+@dataclass(frozen=True, order=True)
+class Job:
+    step: int
+    stage: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.stage}:{self.step}"
+
+    @staticmethod
+    def parse(job_id: str) -> Job:
+        stage, _, step = job_id.partition(":")
+        return Job(int(step), stage)
+
+
+class StepGraph:
+    def __init__(self, mode: str, steps: int, eval_every: int):
+        if mode not in ("rule", "static", "cooper"):
+            raise ValueError(f"unknown reward mode {mode!r}")
+        self.mode, self.steps, self.eval_every = mode, steps, eval_every
+
+    def evaluates_after(self, step: int) -> bool:
+        """Evaluation follows step `step` every eval_every steps and after the last step (when enabled)."""
+        if self.eval_every <= 0:
+            return False
+        return (step + 1) % self.eval_every == 0 or step == self.steps - 1
+
+    def stages(self, step: int) -> list[str]:
+        stages = [ROLLOUT, VERIFY, SCORE, POLICY_UPDATE]
+        if self.mode == "cooper":
+            stages += [NEGATIVES, REWARD_UPDATE]
+        if self.evaluates_after(step):
+            stages.append(EVALUATE)
+        return stages
+
+    def jobs(self, step: int) -> list[Job]:
+        return [Job(step, s) for s in self.stages(step)]
+
+    def dependencies(self, job: Job) -> list[Job]:
+        t, stage = job.step, job.stage
+        if stage == ROLLOUT:
+            if t == 0:
+                return []
+            deps = [Job(t - 1, POLICY_UPDATE)]
+            if self.evaluates_after(t - 1):
+                deps.append(Job(t - 1, EVALUATE))
+            return deps
+        if stage == VERIFY:
+            return [Job(t, ROLLOUT)]
+        if stage == SCORE:
+            if self.mode == "rule":
+                return [Job(t, VERIFY)]
+            deps = [Job(t, ROLLOUT)]
+            if self.mode == "cooper" and t > 0:
+                deps.append(Job(t - 1, REWARD_UPDATE))  # score(t) uses v_t, the model after reward_update(t-1)
+            return deps
+        if stage == POLICY_UPDATE:
+            return [Job(t, SCORE)]
+        if stage == NEGATIVES:
+            return [Job(t, VERIFY)]
+        if stage == REWARD_UPDATE:
+            return [Job(t, NEGATIVES), Job(t, SCORE)]  # never train v_t before score(t) has used it
+        if stage == EVALUATE:
+            return [Job(t, POLICY_UPDATE)]
+        raise ValueError(f"unknown stage {stage!r}")
+
+    def dependents(self, job: Job) -> list[Job]:
+        """Jobs that wait for `job` (in this step and the next)."""
+        candidates = self.jobs(job.step) + (self.jobs(job.step + 1) if job.step + 1 < self.steps else [])
+        return [c for c in candidates if job in self.dependencies(c)]
+
+    def roots(self) -> list[Job]:
+        return [Job(0, ROLLOUT)]
+
+    def step_complete(self, step: int, done: set[str]) -> bool:
+        return all(j.id in done for j in self.jobs(step))

@@ -1,0 +1,108 @@
+"""`cooper train`: prepare the run directory, start what is missing (Redis, services), run, report.
+
+Local services get free ports, checkpoints under the run directory and a checkpoint after every update, so that
+a killed run resumes exactly (`cooper train --resume RUN`). With addresses in the config nothing is started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from cooper.config import CooperConfig, _merge, cli_overrides, load_config, to_yaml
+from cooper.orchestrator.local import LocalServices, open_redis, services_needed
+from cooper.orchestrator.outputs import plot, read_metrics, summary_table
+from cooper.orchestrator.queue import RunStore
+from cooper.orchestrator.run import Orchestrator
+
+log = logging.getLogger("cooper.orchestrator")
+
+RESOLVED = "config.resolved.yaml"  # secrets included, mode 600: what the services are started with
+READABLE = "config.yaml"  # secrets masked: what people read
+
+
+def with_overrides(config: CooperConfig, overrides: list[str]) -> CooperConfig:
+    tree = config.model_dump(mode="python")
+    return CooperConfig.model_validate(_merge(tree, cli_overrides(overrides)))
+
+
+def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
+    """Free ports, run-local checkpoints and a checkpoint per update, for every service this run starts."""
+    out = []
+    for name in services_needed(config.run.mode):
+        if getattr(config, name).server.address:
+            continue
+        out += [f"{name}.server.host=127.0.0.1", f"{name}.server.port=0", f"{name}.server.metrics_port=0"]
+        if name in ("policy", "reward"):
+            out += [f"{name}.checkpoint_dir={run_dir / 'checkpoints' / name}", f"{name}.save_every=1"]
+        if name == "reward":
+            out += ["reward.http.port=0"]
+    return out
+
+
+def _write_configs(config: CooperConfig, run_dir: Path) -> Path:
+    resolved = run_dir / RESOLVED
+    data = config.model_dump(mode="python")
+
+    def reveal(node):  # type: ignore[no-untyped-def]
+        if isinstance(node, dict):
+            return {k: reveal(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [reveal(v) for v in node]
+        return node.get_secret_value() if hasattr(node, "get_secret_value") else node
+
+    resolved.write_text(yaml.safe_dump(reveal(data), sort_keys=False))
+    os.chmod(resolved, 0o600)
+    (run_dir / READABLE).write_text(to_yaml(config))
+    return resolved
+
+
+def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig, str, Path, Path]:
+    """(config, run id, run dir, resolved config path) for a new run or the one being resumed."""
+    if resume:
+        run_dir = Path(resume) if Path(resume).is_dir() else Path(config.run.output_dir) / resume
+        resolved = run_dir / RESOLVED
+        if not resolved.is_file():
+            raise FileNotFoundError(f"cannot resume {resume}: {resolved} not found (is it a run directory?)")
+        config = load_config(resolved, environ={})
+        return config, run_dir.name, run_dir, resolved
+    run_id = config.run.name or f"{config.run.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(config.run.output_dir) / run_id
+    if (run_dir / RESOLVED).exists():
+        raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_id} or pick run.name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = with_overrides(config, [f"run.name={run_id}", *local_overrides(config, run_dir.resolve())])
+    return config, run_id, run_dir, _write_configs(config, run_dir)
+
+
+def prepare_models(config: CooperConfig) -> None:
+    """Build the tiny preset's models here, before services start, so their start-up waits on nothing."""
+    from cooper.tiny.models import TINY_NAMES, resolve_model
+
+    wanted = [(config.policy.model, "causal")]
+    if config.run.mode != "rule":
+        wanted.append((config.reward.model, "reward"))
+    for name, kind in wanted:
+        if name in TINY_NAMES:
+            log.info("preparing tiny model %s (cached after the first run)", name)
+            resolve_model(name, kind)
+
+
+def train(config: CooperConfig, resume: str | None = None, progress: bool = True, workers: int = 3) -> Path:
+    """Run (or resume) one training run; returns its directory."""
+    config, run_id, run_dir, resolved = prepare_run(config, resume)
+    prepare_models(config)
+    client = open_redis(config, run_dir)
+    store = RunStore(client, config.redis.key_prefix, run_id)
+    with LocalServices(config, resolved, run_dir) as services:
+        Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
+            resume=resume is not None, progress=progress)
+    records = read_metrics(run_dir)
+    plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
+    print(summary_table(records))
+    print(f"\nrun directory: {run_dir}  (metrics.jsonl, tensorboard/, plot.png, checkpoints/, logs/)")
+    return run_dir

@@ -1,0 +1,106 @@
+"""What a run leaves in runs/<name>/: metrics.jsonl, TensorBoard events, plot.png, and the console summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+PLOTTED = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy")]
+
+
+class MetricsLog:
+    """Appends one JSON line per step and mirrors the numbers to TensorBoard."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "metrics.jsonl"
+        self.run_dir = run_dir
+        self._writer: Any = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is a dependency; without it we still write JSONL and the plot
+            self._writer = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                    self._writer.add_scalar(key, value, record["step"])
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's step records; if a step was logged twice (a resumed run), the last line wins."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Training reward, rollout verifier accuracy and test accuracy per step, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    steps = [r["step"] for r in records]
+    for key, label in PLOTTED:
+        ax.plot(steps, [r.get(key, math.nan) for r in records], marker=".", label=label)
+    test_keys = sorted({k for r in records for k in r if k.startswith("test/")})
+    for key in test_keys:
+        points = [(r["step"], r[key]) for r in records if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle="--",
+                label=f"test accuracy ({key[5:]})")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    ax.set_title(title or "Cooper run")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """A small fixed-width table of the first, middle and last steps."""
+    if not records:
+        return "no steps recorded"
+    columns = [("step", "step"), ("reward", "reward_mean"), ("verifier acc", "verifier_accuracy"),
+               ("RM-verifier disagree", "rm_verifier_disagreement"), ("pairs", "pairs"),
+               ("pair acc after", "pair_accuracy_after"), ("RM v", "reward_version_used"),
+               ("policy v", "policy_version")]
+    columns += [(k[5:] + " test acc", k) for k in sorted({k for r in records for k in r if k.startswith("test/")})]
+    picks = sorted({0, len(records) // 2, len(records) - 1})
+    rows = [[name for name, _ in columns]]
+    for i in picks:
+        r = records[i]
+        rows.append([_fmt(r.get(key)) for _, key in columns])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(columns))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)

@@ -1,0 +1,133 @@
+"""The run's jobs and state in Redis: a stream with a consumer group, job statuses, results, run state.
+
+Every key of a run lives under `<prefix>:<run_id>:`, so runs (and tests) never share keys. The pattern is the
+standard one for Redis streams: XADD to enqueue, XREADGROUP to take, XACK after the result is recorded, and
+XAUTOCLAIM to take over the pending jobs of a worker that died. Enqueueing is guarded by SET NX, so two workers
+that finish the two inputs of one job at the same moment enqueue it once.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+from typing import Any
+
+import redis
+
+GROUP = "workers"
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class RunStore:
+    def __init__(self, client: redis.Redis, prefix: str, run_id: str):
+        self.redis = client
+        self.base = f"{prefix}:{run_id}"
+        self.stream = self.key("jobs")
+        try:
+            self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def key(self, name: str) -> str:
+        return f"{self.base}:{name}"
+
+    # -- queue ---------------------------------------------------------------------------------------------------
+    def enqueue(self, job_id: str) -> bool:
+        """Put a job on the stream once; False if it was enqueued before."""
+        if not self.redis.set(self.key(f"enqueued:{job_id}"), 1, nx=True):
+            return False
+        self.set_status(job_id, JobStatus.QUEUED)
+        self.redis.xadd(self.stream, {"job": job_id})
+        return True
+
+    def requeue(self, job_id: str) -> None:
+        """Enqueue again after a failed attempt (the retry is a new stream entry)."""
+        self.set_status(job_id, JobStatus.QUEUED)
+        self.redis.xadd(self.stream, {"job": job_id})
+
+    def take(self, consumer: str, block_ms: int = 200) -> tuple[str, str] | None:
+        """(message id, job id) of the next new job for this consumer, or None after block_ms."""
+        reply = self.redis.xreadgroup(GROUP, consumer, {self.stream: ">"}, count=1, block=block_ms)
+        if not reply:
+            return None
+        message_id, fields = reply[0][1][0]
+        return message_id, fields["job"]
+
+    def claim_stale(self, consumer: str, min_idle_ms: int) -> list[tuple[str, str]]:
+        """Take over jobs another consumer took but never acknowledged for min_idle_ms (it died)."""
+        claimed: list[tuple[str, str]] = []
+        start = "0-0"
+        while True:
+            start, messages, *_ = self.redis.xautoclaim(self.stream, GROUP, consumer, min_idle_ms, start, count=100)
+            claimed += [(mid, fields["job"]) for mid, fields in messages if fields]
+            if start in ("0-0", b"0-0"):
+                return claimed
+
+    def ack(self, message_id: str) -> None:
+        self.redis.xack(self.stream, GROUP, message_id)
+
+    def pending_count(self) -> int:
+        return int(self.redis.xpending(self.stream, GROUP)["pending"])
+
+    # -- job status and results ------------------------------------------------------------------------------------
+    def set_status(self, job_id: str, status: JobStatus, **info: Any) -> None:
+        record = {"status": status.value, "time": time.time(), **info}
+        self.redis.hset(self.key("status"), job_id, json.dumps(record))
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hget(self.key("status"), job_id)
+        return json.loads(raw) if raw else None
+
+    def attempts(self, job_id: str) -> int:
+        return int(self.redis.hincrby(self.key("attempts"), job_id, 1))
+
+    def finish(self, job_id: str, result: dict[str, Any]) -> None:
+        """Record the result and mark the job done, in one transaction."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self.key(f"result:{job_id}"), json.dumps(result))
+        pipe.sadd(self.key("done"), job_id)
+        pipe.hset(self.key("status"), job_id, json.dumps({"status": JobStatus.DONE.value, "time": time.time()}))
+        pipe.execute()
+
+    def result(self, job_id: str) -> dict[str, Any]:
+        raw = self.redis.get(self.key(f"result:{job_id}"))
+        if raw is None:
+            raise KeyError(f"no result recorded for job {job_id} in {self.base}")
+        return json.loads(raw)
+
+    def has_result(self, job_id: str) -> bool:
+        return bool(self.redis.exists(self.key(f"result:{job_id}")))
+
+    def delete_results(self, job_ids: list[str]) -> None:
+        if job_ids:
+            self.redis.delete(*[self.key(f"result:{j}") for j in job_ids])
+
+    def done(self) -> set[str]:
+        return set(self.redis.smembers(self.key("done")))
+
+    def is_done(self, job_id: str) -> bool:
+        return bool(self.redis.sismember(self.key("done"), job_id))
+
+    # -- run state -----------------------------------------------------------------------------------------------
+    def set_state(self, **values: Any) -> None:
+        self.redis.hset(self.key("state"), mapping={k: json.dumps(v) for k, v in values.items()})
+
+    def state(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self.redis.hgetall(self.key("state")).items()}
+
+    def fail_run(self, message: str) -> None:
+        self.set_state(error=message)
+
+    def clear(self) -> None:
+        """Delete every key of this run."""
+        keys = list(self.redis.scan_iter(match=f"{self.base}:*", count=500))
+        for start in range(0, len(keys), 500):
+            self.redis.delete(*keys[start : start + 500])

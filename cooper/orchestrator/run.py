@@ -1,0 +1,169 @@
+"""The driver of one run: seeds the graph, runs stage workers, logs each finished step, checkpoints, cleans up.
+
+The driver only watches Redis: it turns finished steps into metrics, asks services to save every
+`checkpoint_every` steps, and deletes a step's payloads once its metrics are written. Stage workers (threads
+here; other processes or pods may join through the same Redis) do the work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from cooper.config import CooperConfig
+from cooper.orchestrator import graph as g
+from cooper.orchestrator.data import StepData, load_data
+from cooper.orchestrator.graph import StepGraph
+from cooper.orchestrator.outputs import MetricsLog
+from cooper.orchestrator.queue import RunStore
+from cooper.orchestrator.stages import StageContext
+from cooper.orchestrator.worker import StageWorker, worker_name
+
+log = logging.getLogger("cooper.orchestrator")
+
+
+class RunFailed(RuntimeError):
+    """A job failed past its retries; the message names the job and its error."""
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any]:
+    """The reward-hacking monitor and the training numbers of one finished step."""
+    ro, ve, sc, pu = (ctx.result(s, step) for s in (g.ROLLOUT, g.VERIFY, g.SCORE, g.POLICY_UPDATE))
+    correct = [v == "CORRECT" for v in ve["verdicts"]]
+    rewards = sc["rewards"]
+    record: dict[str, Any] = {
+        "step": step,
+        "mode": graph.mode,
+        "reward_mean": _mean(rewards),
+        "verifier_accuracy": _mean([float(c) for c in correct]),
+        "no_answer_rate": _mean([float(v == "NO_ANSWER") for v in ve["verdicts"]]),
+        "reward_version_used": sc["reward_version"],
+        "policy_version": pu["policy_version"],
+        "policy_version_sampled": ro["policy_version"],
+        "prompt_ids": [p["example"] for p in ro["prompts"]],
+        "data_epoch": ro["data_position"]["epoch"],
+        "data_offset": ro["data_position"]["offset"],
+    }
+    if graph.mode != "rule":
+        # How often VerifyRM (reward > 0.5) and the verifier disagree: the first sign of reward hacking.
+        record["rm_verifier_disagreement"] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
+        record["reward_accuracy_gap"] = record["reward_mean"] - record["verifier_accuracy"]
+    for key, value in pu["metrics"].items():
+        record[f"policy/{key}"] = value
+    if graph.mode == "cooper":
+        ng, ru = ctx.result(g.NEGATIVES, step), ctx.result(g.REWARD_UPDATE, step)
+        record.update({
+            "pairs": ru["pairs"], "valid_pair_rate": ru["pairs"] / max(1, ng["prompts"]),
+            "positive_rate": ng["positives"] / max(1, ng["prompts"]),
+            "pair_accuracy_before": ru["pair_accuracy_before"] if ru["pairs"] else None,
+            "pair_accuracy_after": ru["pair_accuracy_after"] if ru["pairs"] else None,
+            "rm_loss": ru["loss"] if ru["pairs"] else None, "rm_grad_norm": ru["grad_norm"] if ru["pairs"] else None,
+            "reward_version": ru["reward_version"],
+        })
+    if graph.evaluates_after(step):
+        for name, accuracy in ctx.result(g.EVALUATE, step)["accuracy"].items():
+            record[f"test/{name}"] = accuracy
+    for stage in graph.stages(step):
+        record[f"time/{stage}"] = ctx.result(stage, step)["seconds"]
+    return record
+
+
+class Orchestrator:
+    def __init__(self, config: CooperConfig, run_id: str, run_dir: Path, store: RunStore, addresses: dict[str, str],
+                 workers: int = 3):
+        self.config, self.run_id, self.run_dir, self.store = config, run_id, run_dir, store
+        rows, tests = load_data(config)
+        self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every)
+        self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
+                                addresses)
+        self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]
+
+    def _start(self, resume: bool) -> int:
+        state = self.store.state()
+        if not state:
+            self.store.set_state(run_id=self.run_id, steps=self.config.run.steps, logged_through=-1)
+            for job in self.graph.roots():
+                self.store.enqueue(job.id)
+            return 0
+        if not resume:
+            raise RunFailed(f"run {self.run_id} already has state in Redis; resume it with --resume {self.run_id}")
+        # The previous orchestrator is gone: its unacknowledged jobs go back on the queue at once.
+        for message_id, job_id in self.store.claim_stale("resume", 0):
+            log.info("re-queueing job %s left unfinished by the previous run", job_id)
+            self.store.requeue(job_id)
+            self.store.ack(message_id)
+        next_step = int(state.get("logged_through", -1)) + 1
+        # A crash between recording a job and enqueueing what it unblocked leaves that job done and the next one
+        # never queued; enqueue (idempotently) every job whose inputs are all done.
+        done = self.store.done()
+        for step in range(next_step, self.config.run.steps):
+            for job in self.graph.jobs(step):
+                if job.id not in done and all(d.id in done for d in self.graph.dependencies(job)):
+                    self.store.enqueue(job.id)
+        return next_step
+
+    def _checkpoint(self, step: int) -> None:
+        policy = self.ctx.client("policy").save(tag=f"step-{step}")
+        info: dict[str, Any] = {"step": step, "policy_checkpoint": policy.path, "policy_version": policy.version}
+        if self.graph.mode != "rule":
+            reward = self.ctx.client("reward").save(tag=f"step-{step}")
+            info.update(reward_checkpoint=reward.path, reward_version=reward.version)
+        self.store.set_state(last_checkpoint=info)
+        tmp = self.run_dir / "checkpoint.json.tmp"
+        tmp.write_text(json.dumps({**info, "run_id": self.run_id, "state": self.store.state()}, indent=2))
+        tmp.replace(self.run_dir / "checkpoint.json")
+
+    def run(self, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
+        next_step = self._start(resume)
+        steps, every = self.config.run.steps, self.config.run.checkpoint_every
+        threads = [threading.Thread(target=w.loop, name=w.name, daemon=True) for w in self.workers]
+        for thread in threads:
+            thread.start()
+        metrics, records = MetricsLog(self.run_dir), []
+        bar = tqdm(total=steps, initial=next_step, disable=not progress, unit="step", dynamic_ncols=True,
+                   desc=f"{self.config.run.mode} {self.run_id}")
+        last_test: dict[str, float] = {}
+        try:
+            while next_step < steps:
+                error = self.store.state().get("error")
+                if error:
+                    raise RunFailed(error)
+                if not self.graph.step_complete(next_step, self.store.done()):
+                    time.sleep(0.02)
+                    continue
+                record = step_record(self.ctx, self.graph, next_step)
+                metrics.write(record)
+                records.append(record)
+                self.store.set_state(logged_through=next_step, policy_version=record["policy_version"],
+                                     reward_version=record.get("reward_version", record["reward_version_used"]),
+                                     data_epoch=record["data_epoch"], data_offset=record["data_offset"])
+                if (every and (next_step + 1) % every == 0) or next_step == steps - 1:
+                    self._checkpoint(next_step)
+                self.store.delete_results([job.id for job in self.graph.jobs(next_step)])
+                last_test.update({k[5:]: v for k, v in record.items() if k.startswith("test/")})
+                bar.set_postfix(reward=f"{record['reward_mean']:.2f}", verifier=f"{record['verifier_accuracy']:.2f}",
+                                **{f"test_{k}": f"{v:.2f}" for k, v in last_test.items()})
+                bar.update(1)
+                next_step += 1
+        finally:
+            bar.close()
+            for worker in self.workers:
+                worker.stop_event.set()
+            for thread in threads:
+                thread.join(timeout=60)
+            metrics.close()
+            self.ctx.close()
+        return records
+
+

@@ -1,0 +1,78 @@
+"""A stage worker: take a job, run its stage, record the result, enqueue what it unblocked, acknowledge.
+
+Failures are retried as values: an attempt that raised is recorded with its error and put back on the queue
+until `max_attempts`, then the run is marked failed with the job's error. A worker that dies leaves its job
+pending; another worker (or the resumed orchestrator) claims it after `claim_idle_s` and runs it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+
+from cooper.orchestrator.graph import Job, StepGraph
+from cooper.orchestrator.queue import JobStatus, RunStore
+from cooper.orchestrator.stages import STAGES, StageContext
+
+log = logging.getLogger("cooper.orchestrator.worker")
+
+
+class StageWorker:
+    def __init__(self, ctx: StageContext, graph: StepGraph, name: str, max_attempts: int = 3,
+                 claim_idle_s: float = 900.0):
+        self.ctx, self.graph, self.name = ctx, graph, name
+        self.store: RunStore = ctx.store
+        self.max_attempts, self.claim_idle_ms = max_attempts, int(claim_idle_s * 1000)
+        self.stop_event = threading.Event()
+
+    def run_job(self, message_id: str, job_id: str) -> None:
+        job = Job.parse(job_id)
+        if self.store.is_done(job_id):  # finished before a crash: only what it unblocked may be missing
+            self.enqueue_unblocked(job)
+            self.store.ack(message_id)
+            return
+        self.store.set_status(job_id, JobStatus.RUNNING, worker=self.name)
+        start = time.perf_counter()
+        try:
+            result = STAGES[job.stage](self.ctx, job.step)
+        except Exception as err:  # retry as a value; the error is recorded for the user
+            attempts = self.store.attempts(job_id)
+            detail = f"{type(err).__name__}: {err}"
+            log.warning("job %s failed (attempt %d/%d): %s", job_id, attempts, self.max_attempts, detail)
+            if attempts < self.max_attempts:
+                self.store.requeue(job_id)
+            else:
+                self.store.set_status(job_id, JobStatus.FAILED, error=detail, trace=traceback.format_exc()[-4000:])
+                self.store.fail_run(f"job {job_id} failed {attempts} times: {detail}")
+            self.store.ack(message_id)
+            return
+        result["seconds"] = time.perf_counter() - start
+        self.store.finish(job_id, result)
+        self.enqueue_unblocked(job)
+        self.store.ack(message_id)
+
+    def enqueue_unblocked(self, job: Job) -> None:
+        """Enqueue each job that waited for `job` and now has all its inputs (SET NX makes this idempotent)."""
+        for nxt in self.graph.dependents(job):
+            if all(self.store.is_done(d.id) for d in self.graph.dependencies(nxt)):
+                self.store.enqueue(nxt.id)
+
+    def loop(self) -> None:
+        """Work until stop_event is set."""
+        last_claim = 0.0
+        while not self.stop_event.is_set():
+            if time.monotonic() - last_claim > 5.0:
+                last_claim = time.monotonic()
+                for message_id, job_id in self.store.claim_stale(self.name, self.claim_idle_ms):
+                    log.info("claimed stale job %s", job_id)
+                    self.run_job(message_id, job_id)
+            taken = self.store.take(self.name, block_ms=100)
+            if taken is not None:
+                self.run_job(*taken)
+
+
+def worker_name(index: int) -> str:
+    return f"{os.uname().nodename}-{os.getpid()}-{index}"

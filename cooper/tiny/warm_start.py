@@ -1,0 +1,94 @@
+"""Warm starts for the tiny preset, built once and cached like the tiny models.
+
+`tiny-sft`: the tiny causal LM after a short SFT on worked solutions of the arithmetic task, a quarter of them
+deliberately wrong, so the policy answers in the right format but is often wrong: RL has signal and room.
+`tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions (right and wrong solutions,
+and answer-less text), the stand-in for the paper's hybrid-annotated pretraining.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_reward_model_dir
+from cooper.tiny.task import make_split, wrong_solution
+
+SFT_STEPS, SFT_BATCH, SFT_LR, WRONG_SHARE = 500, 32, 3e-3, 0.25
+
+
+def _prompt(question: str) -> str:
+    from cooper.config import DataConfig
+
+    return DataConfig().prompt_template.replace("{question}", question)
+
+
+def _sft(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)  # a tiny model trains faster on one thread than on two contended ones
+    source = tiny_causal_lm_dir()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    rng = random.Random(0)
+    examples = []
+    for p in make_split(4000, 0, "sft"):
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": _prompt(p.question)}], tokenize=False,
+                                               add_generation_prompt=True)
+        answer = wrong_solution(p, rng) if rng.random() < WRONG_SHARE else p.solution
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        examples.append((prompt_ids, answer_ids))
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=SFT_LR, weight_decay=0.0)
+    model.train()
+    for step in range(SFT_STEPS):
+        batch = rng.sample(examples, SFT_BATCH)
+        length = max(len(p) + len(a) for p, a in batch)
+        ids = torch.full((SFT_BATCH, length), tokenizer.pad_token_id)
+        labels = torch.full((SFT_BATCH, length), -100)
+        mask = torch.zeros((SFT_BATCH, length), dtype=torch.long)
+        for row, (p, a) in enumerate(batch):
+            seq = p + a
+            ids[row, : len(seq)] = torch.tensor(seq)
+            labels[row, len(p) : len(seq)] = torch.tensor(a)  # loss on the answer only
+            mask[row, : len(seq)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:  # linear decay to 10%
+            group["lr"] = SFT_LR * (1 - 0.9 * step / SFT_STEPS)
+        optimizer.step()
+    model.eval()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def _pretrain_rm(out: Path) -> None:
+    import torch
+
+    from cooper.config import OptimConfig
+    from cooper.services.reward.verify_rm import LabelledTriple, VerifyRM
+
+    torch.set_num_threads(1)
+    rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
+    rng = random.Random(1)
+    triples = []
+    for p in make_split(600, 0, "rm"):
+        triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
+        triples.append(LabelledTriple(p.question, p.answer, wrong_solution(p, rng), 0))
+        if rng.random() < 0.2:
+            triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
+    rm.pretrain(triples, epochs=3, lr=2e-3, batch_size=32, seed=0)
+    rm.model.save_pretrained(out, safe_serialization=True)
+    rm.tokenizer.save_pretrained(out)
+
+
+def tiny_sft_policy_dir() -> Path:
+    return _build_once("policy-sft", _sft)
+
+
+def tiny_pretrained_rm_dir() -> Path:
+    return _build_once("reward-pretrained", _pretrain_rm)
