@@ -1,0 +1,205 @@
+"""The HTTP API through a real uvicorn on loopback, over the real service and tiny model.
+
+The service and uvicorn run in an event loop on a background thread, as in `cooper serve reward`; the tests are
+plain HTTP clients. The loop handle lets a test hold the model thread, to fill the queue deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from reward_testkit import make_config, tiny_items
+
+from cooper.config import BatchingConfig, HttpConfig
+from cooper.services.reward.http import HttpServer, create_app, start_http
+from cooper.services.reward.service import RewardService
+
+TOKEN = "test-token-1234"
+
+
+@dataclass
+class Served:
+    loop: asyncio.AbstractEventLoop
+    service: RewardService
+    http: HttpServer
+    url: str
+
+    def run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    config = make_config(
+        Path(tmp_path_factory.mktemp("reward-http")),
+        http=HttpConfig(port=0, token=TOKEN, max_items=4, max_chars=2000, max_body_mb=0.05),
+        batching=BatchingConfig(max_queue=6, max_wait_ms=5),
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[RewardService, HttpServer]:
+        service = await RewardService.create(config)
+        return service, await start_http(create_app(config, service), "127.0.0.1", 0)
+
+    service, http = asyncio.run_coroutine_threadsafe(start(), loop).result(120)
+    yield Served(loop, service, http, f"http://127.0.0.1:{http.port}")
+
+    async def stop() -> None:
+        await http.stop()
+        await service.stop()
+
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def body(items: list[Any]) -> dict[str, Any]:
+    return {"items": [{"question": i.question, "reference": i.reference, "completion": i.completion} for i in items]}
+
+
+def assert_error(reply: httpx.Response, status: int, kind: str) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    data = reply.json()
+    assert set(data) == {"error"} and set(data["error"]) == {"type", "message"}  # the one error schema
+    assert data["error"]["type"] == kind and data["error"]["message"]
+    return data
+
+
+def test_score_matches_the_model_and_says_its_version(served: Served) -> None:
+    items = tiny_items(3)
+    reply = httpx.post(f"{served.url}/v1/score", json=body(items), headers=auth())
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert data["version"] == served.service.rm.version
+    direct = served.service.rm.score(items)
+    for got, (probability, logit) in zip(data["scores"], direct, strict=True):
+        assert abs(got["logit"] - logit) <= 1e-5 and abs(got["score"] - probability) <= 1e-5
+
+
+def test_bearer_token_is_required_on_the_api_but_not_on_probes(served: Served) -> None:
+    one = body(tiny_items(1))
+    assert_error(httpx.post(f"{served.url}/v1/score", json=one), 401, "unauthorized")
+    reply = httpx.post(f"{served.url}/v1/score", json=one, headers=auth("wrong-token-1234"))
+    assert_error(reply, 401, "unauthorized")
+    assert reply.headers["www-authenticate"] == "Bearer"
+    assert_error(httpx.get(f"{served.url}/v1/model", headers={"Authorization": TOKEN}), 401, "unauthorized")
+    assert_error(httpx.post(f"{served.url}/get_reward", json={}), 401, "unauthorized")
+    for path in ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json"):
+        assert httpx.get(f"{served.url}{path}").status_code == 200, path
+
+
+def test_limits_and_malformed_bodies_get_clear_4xx(served: Served) -> None:
+    assert_error(httpx.post(f"{served.url}/v1/score", json=body(tiny_items(5)), headers=auth()), 413, "too_large")
+    long = body(tiny_items(1))
+    long["items"][0]["completion"] = "x" * 2001
+    data = assert_error(httpx.post(f"{served.url}/v1/score", json=long, headers=auth()), 413, "too_large")
+    assert "max_chars" in data["error"]["message"]
+    huge = httpx.post(f"{served.url}/v1/score", content=b"{" + b" " * 60_000 + b"}", headers=auth())
+    assert "max_body_mb" in assert_error(huge, 413, "too_large")["error"]["message"]
+    assert_error(httpx.post(f"{served.url}/v1/score", content=b"{not json", headers={**auth(), "Content-Type":
+                                                                                      "application/json"}),
+                 422, "invalid_request")
+    missing = {"items": [{"question": "q", "reference": "1"}]}
+    data = assert_error(httpx.post(f"{served.url}/v1/score", json=missing, headers=auth()), 422, "invalid_request")
+    assert "completion" in data["error"]["message"]
+    assert_error(httpx.post(f"{served.url}/v1/score", json={"items": [], "extra": 1}, headers=auth()), 422,
+                 "invalid_request")
+    assert_error(httpx.get(f"{served.url}/nowhere"), 404, "not_found")
+
+
+def test_full_queue_answers_503_with_retry_after(served: Served) -> None:
+    gate = threading.Event()
+    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: gate.wait(20)),
+                                               served.loop)
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(httpx.post, f"{served.url}/v1/score", json=body(tiny_items(4)), headers=auth(),
+                             timeout=30)
+        deadline = time.monotonic() + 10
+        while served.service.batcher.queued_items < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reply = httpx.post(f"{served.url}/v1/score", json=body(tiny_items(3)), headers=auth())  # 4 + 3 > 6
+        gate.set()
+        blocker.result(10)
+        assert queued.result().status_code == 200
+    assert_error(reply, 503, "overloaded")
+    assert int(reply.headers["retry-after"]) >= 1
+
+
+def test_concurrent_clients_get_the_scores_of_one_at_a_time(served: Served) -> None:
+    items = tiny_items(16, seed=3)
+    with httpx.Client(headers=auth()) as client:
+        alone = [client.post(f"{served.url}/v1/score", json=body([item])).json() for item in items]
+
+    def one(item: Any) -> dict[str, Any]:
+        with httpx.Client(headers=auth()) as client:
+            reply = client.post(f"{served.url}/v1/score", json=body([item]), timeout=30)
+            assert reply.status_code == 200, reply.text
+            return reply.json()
+
+    # Hold the model until the first six requests wait, so that they are certainly batched together; the other
+    # ten come as six concurrent clients (max_queue is 6).
+    gate = threading.Event()
+    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: gate.wait(20)),
+                                               served.loop)
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(one, item) for item in items[:6]]  # within max_queue=6
+        deadline = time.monotonic() + 10
+        while served.service.batcher.queued_items < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+        blocker.result(10)
+        together = [f.result() for f in futures] + list(pool.map(one, items[6:]))
+    for a, b in zip(alone, together, strict=True):
+        assert a["version"] == b["version"]
+        assert abs(a["scores"][0]["logit"] - b["scores"][0]["logit"]) <= 1e-5
+        assert abs(a["scores"][0]["score"] - b["scores"][0]["score"]) <= 1e-5
+    metrics = httpx.get(f"{served.url}/metrics").text
+    assert 'cooper_reward_batch_items_bucket{le="4.0"}' in metrics and "cooper_reward_queue_seconds" in metrics
+    assert "cooper_reward_tokenize_seconds" in metrics and "cooper_reward_model_seconds" in metrics
+
+
+def test_openrlhf_get_reward_protocol(served: Served) -> None:
+    items = tiny_items(2)
+    prompts = [f"<|im_start|>user\n{i.question}<|im_end|>\n<|im_start|>assistant\n" for i in items]
+    pad, eos = served.service.rm.tokenizer.pad_token, served.service.rm.tokenizer.eos_token
+    request = {
+        "query": [pad + pad + prompts[0] + items[0].completion + eos, prompts[1] + items[1].completion],
+        "prompts": prompts, "labels": [i.reference for i in items],
+    }
+    reply = httpx.post(f"{served.url}/get_reward", json=request, headers=auth())
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    expected = served.service.rm.score([type(i)(p, i.reference, i.completion) for i, p in zip(items, prompts,
+                                                                                                strict=True)])
+    assert max(abs(r - e[0]) for r, e in zip(data["rewards"], expected, strict=True)) <= 1e-5
+    assert data["scores"] == data["rewards"] and data["version"] == served.service.rm.version
+    assert data["extra_logs"]["reward_version"] == [float(data["version"])] * 2
+    bad = {**request, "query": ["something else", request["query"][1]]}
+    assert_error(httpx.post(f"{served.url}/get_reward", json=bad, headers=auth()), 422, "invalid_request")
+    short = {**request, "labels": ["1"]}
+    assert_error(httpx.post(f"{served.url}/get_reward", json=short, headers=auth()), 422, "invalid_request")
+
+
+def test_model_info_and_probes(served: Served) -> None:
+    info = httpx.get(f"{served.url}/v1/model", headers=auth()).json()
+    assert info["model"] == "tiny" and info["version"] == served.service.rm.version
+    assert info["parameters"] == served.service.rm.parameters and info["device"] == "cpu"
+    assert httpx.get(f"{served.url}/readyz").json()["status"] == "ready"
+    spec = httpx.get(f"{served.url}/openapi.json").json()
+    assert {"/v1/score", "/v1/model", "/get_reward", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+    assert "413" in spec["paths"]["/v1/score"]["post"]["responses"]
