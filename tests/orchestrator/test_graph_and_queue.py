@@ -1,0 +1,163 @@
+"""The step graph's order, and the Redis queue driven by real stage workers with recording stage functions."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cooper.config import CooperConfig
+from cooper.orchestrator import graph as g
+from cooper.orchestrator import stages
+from cooper.orchestrator.data import StepData, tiny_splits
+from cooper.orchestrator.graph import Job, StepGraph
+from cooper.orchestrator.queue import JobStatus, RunStore
+from cooper.orchestrator.stages import StageContext
+from cooper.orchestrator.worker import StageWorker
+
+
+def test_cooper_graph_orders_the_two_stages():
+    graph = StepGraph("cooper", steps=3, eval_every=0)
+    deps = {j.id: {d.id for d in graph.dependencies(j)} for t in range(3) for j in graph.jobs(t)}
+    assert deps["score:1"] == {"rollout:1", "reward_update:0"}  # v_{t+1} scores step t+1
+    assert deps["reward_update:0"] == {"negatives:0", "score:0"}  # score(t) uses v_t before it is trained
+    assert deps["rollout:1"] == {"policy_update:0"}
+    assert deps["negatives:0"] == {"verify:0"}
+    assert deps["policy_update:0"] == {"score:0"}  # stage 2 does not hold up the policy
+    assert graph.dependents(Job(0, g.POLICY_UPDATE)) == [Job(1, g.ROLLOUT)]
+
+
+def test_rule_and_static_graphs():
+    rule, static = StepGraph("rule", 2, 0), StepGraph("static", 2, 0)
+    assert rule.stages(0) == static.stages(0) == ["rollout", "verify", "score", "policy_update"]
+    assert [d.id for d in rule.dependencies(Job(1, g.SCORE))] == ["verify:1"]
+    assert [d.id for d in static.dependencies(Job(1, g.SCORE))] == ["rollout:1"]
+    with pytest.raises(ValueError, match="unknown reward mode"):
+        StepGraph("hybrid", 1, 0)
+
+
+def test_evaluation_runs_before_the_next_rollout():
+    graph = StepGraph("cooper", steps=5, eval_every=2)
+    assert [t for t in range(5) if graph.evaluates_after(t)] == [1, 3, 4]
+    assert {d.id for d in graph.dependencies(Job(2, g.ROLLOUT))} == {"policy_update:1", "evaluate:1"}
+
+
+def test_steps_are_seeded_epochs_without_repeats():
+    rows, _ = tiny_splits(seed=3, train_size=10)
+    data = StepData(rows, batch_size=4, seed=3)
+    first_epoch = [e.id for t in range(2) for e in data.batch(t)] + [e.id for e in data.batch(2)][:2]
+    assert sorted(first_epoch) == sorted(r.id for r in rows)  # every row once per epoch
+    assert [e.id for e in data.batch(1)] == [e.id for e in StepData(rows, 4, 3).batch(1)]  # a pure function of t
+    assert [e.id for e in data.batch(5)] != [e.id for e in StepData(rows, 4, 4).batch(5)]
+    assert data.position(3) == (1, 2)
+
+
+def _context(store: RunStore, mode: str, steps: int) -> StageContext:
+    config = CooperConfig.model_validate({"run": {"mode": mode, "steps": steps}})
+    rows, tests = tiny_splits(0, train_size=50)
+    return StageContext(config, "r", store, StepData(rows, 2, 0), tests, addresses={})
+
+
+def _recording_stages(monkeypatch, log: list[str], lock: threading.Lock, fail_once: set[str] | None = None):
+    fail_once = fail_once if fail_once is not None else set()
+
+    def make(stage):
+        def run(ctx, step):
+            job = f"{stage}:{step}"
+            if job in fail_once:
+                fail_once.discard(job)
+                raise RuntimeError("transient")
+            time.sleep(0.002)
+            with lock:
+                log.append(job)
+            return {"job": job}
+        return run
+
+    for stage in list(stages.STAGES):
+        monkeypatch.setitem(stages.STAGES, stage, make(stage))
+
+
+def _drain(store: RunStore, graph: StepGraph, ctx: StageContext, workers: int, steps: int) -> None:
+    pool = [StageWorker(ctx, graph, f"w{i}", max_attempts=2) for i in range(workers)]
+    threads = [threading.Thread(target=w.loop, daemon=True) for w in pool]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while not all(graph.step_complete(t, store.done()) for t in range(steps)):
+        assert time.monotonic() < deadline, f"not drained; done: {sorted(store.done())}"
+        assert "error" not in store.state(), store.state()
+        time.sleep(0.01)
+    for w in pool:
+        w.stop_event.set()
+    for thread in threads:
+        thread.join()
+
+
+def test_workers_run_every_job_once_in_dependency_order(redis_client, run_id, monkeypatch):
+    log: list[str] = []
+    lock = threading.Lock()
+    _recording_stages(monkeypatch, log, lock, fail_once={"negatives:1"})
+    store = RunStore(redis_client, "cooper-test", run_id)
+    graph = StepGraph("cooper", steps=4, eval_every=2)
+    store.enqueue("rollout:0")
+    _drain(store, graph, _context(store, "cooper", 4), workers=3, steps=4)
+    expected = {j.id for t in range(4) for j in graph.jobs(t)}
+    assert sorted(log) == sorted(expected)  # once each, the failed attempt retried once
+    position = {job: i for i, job in enumerate(log)}
+    for t in range(4):
+        for job in graph.jobs(t):
+            for dep in graph.dependencies(job):
+                assert position[dep.id] < position[job.id], (dep.id, job.id)
+    assert store.status("negatives:1")["status"] == JobStatus.DONE.value
+    assert store.result("score:2") == {"job": "score:2", "seconds": pytest.approx(store.result("score:2")["seconds"])}
+    assert store.pending_count() == 0
+
+
+def test_a_job_failing_past_its_retries_fails_the_run(redis_client, run_id, monkeypatch):
+    monkeypatch.setitem(stages.STAGES, g.ROLLOUT, lambda ctx, step: (_ for _ in ()).throw(ValueError("boom")))
+    store = RunStore(redis_client, "cooper-test", run_id)
+    graph = StepGraph("rule", steps=1, eval_every=0)
+    store.enqueue("rollout:0")
+    worker = StageWorker(_context(store, "rule", 1), graph, "w", max_attempts=2)
+    thread = threading.Thread(target=worker.loop, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while "error" not in store.state() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop_event.set()
+    thread.join()
+    assert "job rollout:0 failed 2 times: ValueError: boom" in store.state()["error"]
+    assert store.status("rollout:0")["status"] == "failed"
+
+
+def test_a_dead_workers_job_is_claimed_and_rerun(redis_client, run_id, monkeypatch):
+    log: list[str] = []
+    _recording_stages(monkeypatch, log, threading.Lock())
+    store = RunStore(redis_client, "cooper-test", run_id)
+    graph = StepGraph("rule", steps=1, eval_every=0)
+    store.enqueue("rollout:0")
+    taken = store.take("doomed-worker")  # taken and never acknowledged: the worker died
+    assert taken is not None and taken[1] == "rollout:0"
+    survivor = StageWorker(_context(store, "rule", 1), graph, "survivor", claim_idle_s=0.05)
+    time.sleep(0.1)
+    thread = threading.Thread(target=survivor.loop, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not graph.step_complete(0, store.done()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    survivor.stop_event.set()
+    thread.join()
+    assert log == ["rollout:0", "verify:0", "score:0", "policy_update:0"]
+    assert store.pending_count() == 0
+
+
+def test_enqueue_is_idempotent_and_runs_do_not_share_keys(redis_client, run_id):
+    a, b = RunStore(redis_client, "cooper-test", run_id), RunStore(redis_client, "cooper-test", run_id + "-other")
+    assert a.enqueue("rollout:0") and not a.enqueue("rollout:0")
+    assert b.enqueue("rollout:0")
+    a.finish("rollout:0", {"x": 1})
+    assert a.is_done("rollout:0") and not b.is_done("rollout:0")
+    a.clear()
+    assert not list(redis_client.scan_iter(match=f"cooper-test:{run_id}:*"))
+    assert b.status("rollout:0")["status"] == "queued"

@@ -1,0 +1,124 @@
+"""`cooper train` end to end: real services as processes, real embedded Redis, real tiny models.
+
+These runs use the tiny preset with few steps. They check what a user relies on: the outputs exist, cooper mode
+trains VerifyRM once per step, static never does, rule never calls the reward service, and a run killed mid-way
+resumes without skipping, repeating or double-applying a step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from cooper.orchestrator.data import StepData, tiny_splits
+from cooper.orchestrator.outputs import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ["eval.every=4", "eval.k=1", "eval.max_problems=8", "run.batch_size=8"]
+
+
+def _cooper(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cooper.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=420, **kwargs)
+
+
+def _expected_prompts(steps: int, seed: int = 0) -> list[list[str]]:
+    rows, _ = tiny_splits(seed)
+    data = StepData(rows, 8, seed)
+    return [[e.id for e in data.batch(t)] for t in range(steps)]
+
+
+def _leftovers(run_dir: Path) -> list[str]:
+    """Processes still running with this run's config: services that outlived the orchestrator."""
+    needle = str(run_dir)
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(needle in part for part in proc.info["cmdline"] or []) and "redis" not in " ".join(proc.info["cmdline"]):
+                found.append(" ".join(proc.info["cmdline"]))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path):
+    steps = 5
+    cmd = [sys.executable, "-m", "cooper.cli", "train", "--no-progress", f"run.steps={steps}", "run.name=resumed",
+           f"run.output_dir={tmp_path}", "run.checkpoint_every=2", *BASE]
+    run_dir = tmp_path / "resumed"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 400
+    while len(read_metrics(run_dir)) < 2:
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "the run did not log two steps in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # no clean-up of any kind
+    proc.wait()
+    killed_at = len(read_metrics(run_dir))
+    assert killed_at < steps
+    deadline = time.monotonic() + 30  # the kernel tells the services their parent died; they drain and exit
+    while _leftovers(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _leftovers(run_dir)
+
+    resumed = _cooper("train", "--no-progress", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps))
+    assert [r["prompt_ids"] for r in records] == _expected_prompts(steps)  # same prompts, in order, once
+    # Each Train and Update was applied exactly once, across the crash: versions rise by one per step.
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
+    assert all(r["pairs"] > 0 for r in records)
+    assert [r["reward_version_used"] for r in records] == list(range(steps))
+    assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
+    assert "test/tiny" in records[3] and "test/tiny" in records[4]
+    for key in ("rm_verifier_disagreement", "pair_accuracy_before", "pair_accuracy_after", "valid_pair_rate",
+                "verifier_accuracy", "reward_mean", "policy/kl", "policy/clip_fraction"):
+        assert key in records[-1], key
+    # outputs a user looks at
+    assert (run_dir / "plot.png").stat().st_size > 10_000
+    assert any((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert "mode: cooper" in (run_dir / "config.yaml").read_text()
+    assert json.loads((run_dir / "checkpoint.json").read_text())["step"] == steps - 1
+    assert "verifier acc" in resumed.stdout and "run directory" in resumed.stdout
+    assert not _leftovers(run_dir)
+
+
+def test_static_mode_never_updates_the_reward_model(tmp_path):
+    result = _cooper("train", "--no-progress", "run.mode=static", "run.steps=3", "run.name=s",
+                     f"run.output_dir={tmp_path}", *BASE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(tmp_path / "s")
+    assert len(records) == 3
+    assert {r["reward_version_used"] for r in records} == {0}
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert not (tmp_path / "s" / "logs" / "generator.log").exists()
+
+
+def test_rule_mode_never_calls_the_reward_service(tmp_path):
+    # The reward service "lives" at a dead address: one call to it would fail the run.
+    result = _cooper("train", "--no-progress", "run.mode=rule", "run.steps=2", "run.name=r",
+                     f"run.output_dir={tmp_path}", "reward.server.address=127.0.0.1:1", "reward.server.retries=0",
+                     *BASE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(tmp_path / "r")
+    assert len(records) == 2
+    assert all(r["reward_version_used"] == -1 for r in records)
+    assert all(r["reward_mean"] == r["verifier_accuracy"] for r in records)  # rewards are the verdicts
+    logs = {p.name for p in (tmp_path / "r" / "logs").iterdir()}
+    assert logs == {"verifier.log", "policy.log"}
+
+
+def test_bad_config_fails_fast_with_the_key(tmp_path):
+    result = _cooper("train", "run.stepz=3", f"run.output_dir={tmp_path}")
+    assert result.returncode == 2 and "unknown config key 'run.stepz'" in result.stderr
+    result = _cooper("train", "--resume", "nope", f"run.output_dir={tmp_path}")
+    assert result.returncode == 2 and "drop --config and the overrides" in result.stderr
+    result = _cooper("train", "--resume", str(tmp_path / "missing"))
+    assert result.returncode == 1 and "cannot resume" in result.stderr
