@@ -13,6 +13,7 @@ from cooper.config import BatchingConfig
 from cooper.services.reward import checkpoint
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
 from cooper.services.reward.service import RewardService, idempotency_key
+from cooper.services.reward.verify_rm import plan_batches
 
 
 def test_idempotent_update_replays_and_trains_nothing(tmp_path: Path) -> None:
@@ -151,8 +152,18 @@ def test_batcher_refuses_when_full_and_fails_stale_requests(tmp_path: Path) -> N
     asyncio.run(main())
 
 
+def test_plan_batches_sorts_by_length_and_respects_both_budgets() -> None:
+    lengths = [5, 30, 10, 12, 31, 100, 6]
+    plan = plan_batches(lengths, batch_size=3, max_tokens=64)
+    assert sorted(r for rows in plan for r in rows) == list(range(7))
+    for rows in plan:
+        assert len(rows) <= 3 and (len(rows) == 1 or len(rows) * max(lengths[r] for r in rows) <= 64)
+    assert plan == [[0, 6, 2], [3, 1], [4], [5]]  # greedy in length order; 100 > 64 still runs, alone
+    assert plan_batches(lengths, batch_size=64) == [[0, 6, 2, 3, 1, 4, 5]]
+
+
 def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Path) -> None:
-    config = make_config(tmp_path, batching=BatchingConfig(max_batch_size=4, max_tokens=100_000, max_wait_ms=1))
+    config = make_config(tmp_path, batching=BatchingConfig(max_batch_size=4, max_wait_ms=1))
     items = tiny_items(10)
 
     async def main() -> None:
@@ -171,11 +182,17 @@ def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Pat
         alone = [(await service.score([item])).logits[0] for item in items]
         assert max(abs(r.logits[0] - a) for r, a in zip(results, alone, strict=True)) <= 1e-5
 
+        # The model thread cuts a batch further by padded tokens, shortest inputs together.
+        passes: list[list[int]] = []
+        forward = service.rm.forward
+        service.rm.forward = lambda rows: (passes.append([len(r) for r in rows]), forward(rows))[1]
         longest = max(len(ids) for ids in service.rm.encode(items))
-        service.batcher.config = BatchingConfig(max_batch_size=64, max_tokens=2 * longest, max_wait_ms=1)
-        seen.clear()
-        await service.score(items)
-        assert max(seen) <= 2 and sum(seen) == 10  # at most two sequences fit the token budget
+        service.config.batching.max_tokens = 2 * longest
+        service.config.batching.max_batch_size = 64
+        scored = await service.score(items)
+        assert all(len(p) * max(p) <= 2 * longest for p in passes) and sum(map(len, passes)) == 10
+        assert [max(p) for p in passes] == sorted(max(p) for p in passes)
+        assert max(abs(x - a) for x, a in zip(scored.logits, alone, strict=True)) <= 1e-5
         await service.stop()
 
     asyncio.run(main())

@@ -1,7 +1,9 @@
 """Dynamic batching of scoring requests, and the one thread that touches the model.
 
-Requests from gRPC and HTTP queue here as encoded items; one asyncio task cuts FIFO batches by count, by padded
-tokens (batch size x longest sequence) and by wait time, and runs each on a single model thread. Updates and saves
+Requests from gRPC and HTTP queue here; one asyncio task cuts FIFO batches by count and by wait time and runs each
+on a single model thread (which tokenizes the batch and cuts it further by a token budget: see
+RewardService._run_batch). Tokenizing there, not per request on the event loop, keeps the loop free for network
+I/O and lets the tokenizer work on whole batches. Updates and saves
 enter the same queue as exclusive jobs, so the model thread runs either a scoring batch or an update, never both:
 a score never sees half-updated weights, and because a request's items are queued together and the queue is
 FIFO, all items of one request come from the same model version.
@@ -32,8 +34,8 @@ QUEUE_SECONDS = prometheus_client.Histogram(
     "cooper_reward_queue_seconds", "Time a scoring request waited before its last batch started",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-MODEL_SECONDS = prometheus_client.Histogram(
-    "cooper_reward_model_seconds", "Time of one scoring forward pass (one batch)",
+BATCH_SECONDS = prometheus_client.Histogram(
+    "cooper_reward_batch_seconds", "Time of one scoring batch on the model thread (tokenize and forward passes)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 BATCH_ITEMS = prometheus_client.Histogram(
@@ -59,13 +61,13 @@ class RequestTooLarge(Exception):
     """A request holds more items than the queue can ever admit."""
 
 
-# run_batch(token_lists) -> (logits in order, model version that produced them); runs on the model thread.
-RunBatch = Callable[[list[Sequence[int]]], tuple[list[float], int]]
+# run_batch(items) -> (one result per item, in order; model version that produced them); runs on the model thread.
+RunBatch = Callable[[list[Any]], tuple[list[float], int]]
 
 
 @dataclass(eq=False)
 class _Request:
-    tokens: Sequence[Sequence[int]]
+    items: Sequence[Any]
     future: asyncio.Future[tuple[list[float], int]]
     enqueued: float
     next_item: int = 0  # items before this one are in a batch already
@@ -116,22 +118,22 @@ class Batcher:
         self._queued_items = 0
         await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown)
 
-    async def submit(self, tokens: Sequence[Sequence[int]]) -> tuple[list[float], int]:
-        """Logits of `tokens` in order, and the one model version that produced all of them."""
-        if len(tokens) > self.config.max_queue:
+    async def submit(self, items: Sequence[Any]) -> tuple[list[float], int]:
+        """Results of `items` in order, and the one model version that produced all of them."""
+        if len(items) > self.config.max_queue:
             REJECTED.labels("too_large").inc()
             raise RequestTooLarge(
-                f"{len(tokens)} items is more than reward.batching.max_queue={self.config.max_queue}; split the request"
+                f"{len(items)} items is more than reward.batching.max_queue={self.config.max_queue}; split the request"
             )
-        if self._queued_items + len(tokens) > self.config.max_queue:
+        if self._queued_items + len(items) > self.config.max_queue:
             REJECTED.labels("queue_full").inc()
             raise QueueFull(
                 f"scoring queue full ({self._queued_items} items waiting, max {self.config.max_queue})",
                 self._retry_after(),
             )
         future: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(tokens, future, time.monotonic(), logits=[0.0] * len(tokens)))
-        self._queued_items += len(tokens)
+        self._queue.append(_Request(items, future, time.monotonic(), logits=[0.0] * len(items)))
+        self._queued_items += len(items)
         QUEUED_ITEMS.set(self._queued_items)
         self._arrived.set()
         return await future
@@ -195,27 +197,23 @@ class Batcher:
         for job in self._queue:
             if isinstance(job, _Exclusive):
                 break
-            count += len(job.tokens) - job.next_item
+            count += len(job.items) - job.next_item
             if count >= self.config.max_batch_size:
                 break
         return count
 
     def _take_batch(self) -> list[tuple[_Request, int]]:
-        """Pop up to max_batch_size items, padded size within max_tokens, from the head of the queue."""
+        """Pop up to max_batch_size items from the head of the queue."""
         now = time.monotonic()
         batch: list[tuple[_Request, int]] = []
-        longest = 0
         while self._queue and isinstance(self._queue[0], _Request):
             request = self._queue[0]
             if request.next_item == 0 and self._drop_if_stale(request, now):
                 continue
-            while request.next_item < len(request.tokens):
-                length = len(request.tokens[request.next_item])
-                padded = (len(batch) + 1) * max(longest, length)
-                if batch and (len(batch) >= self.config.max_batch_size or padded > self.config.max_tokens):
-                    return batch  # an item longer than max_tokens still runs, alone
+            while request.next_item < len(request.items):
+                if len(batch) >= self.config.max_batch_size:
+                    return batch
                 batch.append((request, request.next_item))
-                longest = max(longest, length)
                 request.next_item += 1
             self._queue.popleft()
             QUEUE_SECONDS.observe(now - request.enqueued)
@@ -226,7 +224,7 @@ class Batcher:
         if not (stale or request.future.done()):
             return False
         self._queue.popleft()
-        self._queued_items -= len(request.tokens)
+        self._queued_items -= len(request.items)
         QUEUED_ITEMS.set(self._queued_items)
         if stale and not request.future.done():
             REJECTED.labels("queue_timeout").inc()
@@ -237,15 +235,15 @@ class Batcher:
         return True
 
     async def _run_scoring(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]) -> None:
-        tokens = [request.tokens[index] for request, index in batch]
+        items = [request.items[index] for request, index in batch]
         start = time.perf_counter()
         try:
-            logits, version = await loop.run_in_executor(self.executor, self.run_batch, tokens)
+            logits, version = await loop.run_in_executor(self.executor, self.run_batch, items)
         except Exception as err:
             self._finish(batch, error=err)
             return
         elapsed = time.perf_counter() - start
-        MODEL_SECONDS.observe(elapsed)
+        BATCH_SECONDS.observe(elapsed)
         BATCH_ITEMS.observe(len(batch))
         rate = len(batch) / max(elapsed, 1e-6)
         self._items_per_s = rate if self._items_per_s == 0 else 0.9 * self._items_per_s + 0.1 * rate
@@ -264,7 +262,7 @@ class Batcher:
                 continue
             if error is not None:
                 request.future.set_exception(error)
-            elif request.done_items == len(request.tokens):
+            elif request.done_items == len(request.items):
                 assert request.version is not None
                 request.future.set_result((request.logits, request.version))
         QUEUED_ITEMS.set(self._queued_items)

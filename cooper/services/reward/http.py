@@ -64,9 +64,10 @@ def handler(request: Request) -> RewardHttpHandler:
     return request.app.state.handler
 
 
-def authorized(
+async def authorized(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> RewardHttpHandler:
+    # async on purpose: FastAPI runs a plain-def dependency on a worker thread, a thread hop per request.
     api = handler(request)
     api.authorize(credentials.credentials if credentials else None)
     return api

@@ -24,14 +24,17 @@ from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM
 log = logging.getLogger("cooper.reward")
 
 TOKENIZE_SECONDS = prometheus_client.Histogram(
-    "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring request",
+    "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring batch",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1),
+)
+MODEL_SECONDS = prometheus_client.Histogram(
+    "cooper_reward_model_seconds", "Time of one scoring forward pass",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 MODEL_VERSION = prometheus_client.Gauge("cooper_reward_model_version", "Current VerifyRM version")
 UPDATES = prometheus_client.Counter("cooper_reward_updates_total", "Update requests", ["outcome"])
 
 RECORDED_RESULTS = 64  # Update results kept for replay; the orchestrator only ever retries its latest steps
-INLINE_TOKENIZE_CHARS = 50_000  # bigger requests are tokenized off the event loop
 
 
 @dataclass(frozen=True)
@@ -128,9 +131,14 @@ class RewardService:
 
     # ----- scoring -----
 
-    def _run_batch(self, tokens: list[Sequence[int]]) -> tuple[list[float], int]:
+    def _run_batch(self, items: list[ScoreItem]) -> tuple[list[float], int]:
         """On the model thread: logits of one batch and the version that produced them."""
-        return self.rm.logits(tokens, batch_size=len(tokens)), self.rm.version
+        start = time.perf_counter()
+        tokens = self.rm.encode(items)
+        TOKENIZE_SECONDS.observe(time.perf_counter() - start)
+        batching = self.config.batching
+        logits = self.rm.logits(tokens, batching.max_batch_size, batching.max_tokens, MODEL_SECONDS.observe)
+        return logits, self.rm.version
 
     def reward(self, logit: float) -> float:
         probability = sigmoid(logit)
@@ -142,13 +150,7 @@ class RewardService:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
             return ScoreResult([], [], self.rm.version)
-        start = time.perf_counter()
-        if sum(len(i.question) + len(i.reference) + len(i.completion) for i in items) > INLINE_TOKENIZE_CHARS:
-            tokens = await asyncio.to_thread(self.rm.encode, items)
-        else:
-            tokens = self.rm.encode(items)
-        TOKENIZE_SECONDS.observe(time.perf_counter() - start)
-        logits, version = await self.batcher.submit(tokens)
+        logits, version = await self.batcher.submit(items)
         return ScoreResult([self.reward(x) for x in logits], logits, version)
 
     # ----- updates and checkpoints -----

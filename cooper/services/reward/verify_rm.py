@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,24 @@ def pair_accuracy(positive_logits: Sequence[float], negative_logits: Sequence[fl
     if not positive_logits:
         return 0.0
     return sum(p > n for p, n in zip(positive_logits, negative_logits, strict=True)) / len(positive_logits)
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices per forward pass: sorted by length, so that a pass pads little, and cut so that each pass holds
+    at most batch_size rows and at most max_tokens padded tokens (a row longer than that runs alone)."""
+    order = sorted(range(len(lengths)), key=lambda r: lengths[r])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for row in order:  # ascending, so the row being added is the longest of its pass
+        too_many = len(current) >= batch_size
+        too_long = max_tokens is not None and (len(current) + 1) * lengths[row] > max_tokens
+        if current and (too_many or too_long):
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def sigmoid(logit: float) -> float:
@@ -201,12 +220,19 @@ class VerifyRM:
 
     # ----- scoring -----
 
-    def logits(self, token_lists: Sequence[Sequence[int]], batch_size: int = 64) -> list[float]:
-        """Logits of already encoded inputs, in order, in batches of at most batch_size."""
-        out: list[float] = []
+    def logits(self, token_lists: Sequence[Sequence[int]], batch_size: int = 64, max_tokens: int | None = None,
+               on_forward: Callable[[float], None] | None = None) -> list[float]:
+        """Logits of already encoded inputs, in order; forward passes of similar lengths, each within batch_size
+        sequences and max_tokens padded tokens. `on_forward(seconds)` is called after each pass."""
+        out = [0.0] * len(token_lists)
         with torch.inference_mode():
-            for start in range(0, len(token_lists), batch_size):
-                out += self.forward(token_lists[start : start + batch_size]).tolist()
+            for rows in plan_batches([len(x) for x in token_lists], batch_size, max_tokens):
+                start = time.perf_counter()
+                values = self.forward([token_lists[r] for r in rows]).tolist()
+                if on_forward is not None:
+                    on_forward(time.perf_counter() - start)
+                for row, value in zip(rows, values, strict=True):
+                    out[row] = value
         return out
 
     def score(self, items: Sequence[ScoreItem], batch_size: int = 64) -> list[tuple[float, float]]:
