@@ -59,9 +59,12 @@ def _train(args: argparse.Namespace) -> int:
     if args.check_config:
         print(to_yaml(config), end="")
         return 0
-    from cooper.orchestrator.launch import train
+    from cooper.orchestrator.launch import existing_run, train
 
-    train(config, resume=args.resume, progress=not args.no_progress, workers=args.workers)
+    resume = args.resume
+    if args.resume_existing and resume is None:
+        resume = existing_run(config)
+    train(config, resume=resume, progress=not args.no_progress, workers=args.workers)
     return 0
 
 
@@ -90,6 +93,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
     train.add_argument("--resume", metavar="RUN", help="continue the run RUN (a name under run.output_dir, or a path)")
+    train.add_argument("--resume-existing", action="store_true",
+                       help="if run.name names a run that exists, resume it instead of failing (restarted containers)")
     train.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
     train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.add_argument("--workers", type=int, default=3, help="stage worker threads (default 3)")

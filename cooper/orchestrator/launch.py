@@ -61,8 +61,16 @@ def _write_configs(config: CooperConfig, run_dir: Path) -> Path:
     return resolved
 
 
+def existing_run(config: CooperConfig) -> str | None:
+    """The directory of the run named by run.name, if it was started before (for --resume-existing)."""
+    if config.run.name and (Path(config.run.output_dir) / config.run.name / RESOLVED).is_file():
+        return str(Path(config.run.output_dir) / config.run.name)
+    return None
+
+
 def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig, str, Path, Path]:
-    """(config, run id, run dir, resolved config path) for a new run or the one being resumed."""
+    """(config, run id, run dir, resolved config path) for a new run, or for the run being resumed: then `resume`
+    is its directory or its name under config.run.output_dir, and its own saved config replaces `config`."""
     if resume:
         run_dir = Path(resume) if Path(resume).is_dir() else Path(config.run.output_dir) / resume
         resolved = run_dir / RESOLVED

@@ -161,3 +161,14 @@ def test_enqueue_is_idempotent_and_runs_do_not_share_keys(redis_client, run_id):
     a.clear()
     assert not list(redis_client.scan_iter(match=f"cooper-test:{run_id}:*"))
     assert b.status("rollout:0")["status"] == "queued"
+
+
+def test_resume_existing_finds_a_started_run_only(tmp_path):
+    from cooper.orchestrator.launch import RESOLVED, existing_run
+
+    config = CooperConfig.model_validate({"run": {"name": "r1", "output_dir": str(tmp_path)}})
+    assert existing_run(config) is None
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r1" / RESOLVED).write_text("run: {}\n")
+    assert existing_run(config) == str(tmp_path / "r1")
+    assert existing_run(CooperConfig.model_validate({"run": {"output_dir": str(tmp_path)}})) is None
