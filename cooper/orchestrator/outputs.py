@@ -67,6 +67,9 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> Path:
         points = [(r["step"], r[key]) for r in records if key in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle="--",
                 label=f"test accuracy ({key[5:]})")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
