@@ -17,6 +17,7 @@ naive throughput, and the largest score and logit difference between the two on 
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -175,6 +176,14 @@ def wait_for_file(path: Path, process: subprocess.Popen, what: str, timeout_s: f
     raise TimeoutError(f"{what} not ready after {timeout_s} s")
 
 
+def service_launcher(loop: str) -> list[str]:
+    """`cooper serve` on the event loop the naive server gets from uvicorn: uvloop when installed ("auto")."""
+    if loop == "asyncio" or (loop == "auto" and importlib.util.find_spec("uvloop") is None):
+        return [sys.executable, "-m", "cooper.cli"]
+    return [sys.executable, "-c", "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy());"
+            " from cooper.cli import main; sys.exit(main(sys.argv[1:]))"]
+
+
 def start_server(command: list[str], ready: Path, what: str, threads: int) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads))
     process = subprocess.Popen(command, cwd=ROOT, env=env)
@@ -193,6 +202,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed round")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads of both servers (OMP_NUM_THREADS); one is fastest on small CPUs")
+    parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
+                             "server")
     parser.add_argument("--naive-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server:
@@ -210,7 +222,7 @@ def main() -> None:
             [sys.executable, __file__, "--naive-server", str(naive_ready)], naive_ready, "naive server", args.threads)
         try:
             service, ready = start_server(
-                [sys.executable, "-m", "cooper.cli", "--log-level", "WARNING", "serve", "reward", "--port", "0",
+                [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                  "--ready-file", str(service_ready), "reward.http.port=0", f"reward.checkpoint_dir={tmp}/ckpt",
                  "reward.server.metrics_port=null"],
                 service_ready, "reward service", args.threads)
@@ -238,7 +250,8 @@ def main() -> None:
     naive_tp, service_tp = median_of("naive", "throughput"), median_of("service", "throughput")
     result = {
         "bench": "reward_http", "items": args.items, "clients": args.clients, "items_per_request": 1,
-        "rounds": args.rounds, "threads": args.threads, "cpu_count": os.cpu_count(),
+        "rounds": args.rounds, "threads": args.threads, "service_loop": args.loop, "cpu_count": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "naive_items_per_s": round(naive_tp, 1), "service_items_per_s": round(service_tp, 1),
         "naive_p50_ms": round(median_of("naive", "p50_ms"), 2), "naive_p99_ms": round(median_of("naive", "p99_ms"), 2),
         "service_p50_ms": round(median_of("service", "p50_ms"), 2),

@@ -75,19 +75,22 @@ def test_long_input_keeps_question_and_end_of_completion(rm: VerifyRM) -> None:
     assert text.startswith("<question>What is 6*7?</question>") and text.endswith("\\boxed{42}.</completion>")
 
 
-def test_repeated_updates_rank_positives_above_negatives(rm: VerifyRM) -> None:
-    pairs = tiny_pairs(8)
+def test_repeated_updates_rank_positives_above_negatives(tiny_rm_dir: str) -> None:
+    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-2, micro_batch_size=12), device="cpu")
+    pairs = tiny_pairs(6)
     first = rm.update(pairs)
     assert not first.skipped and first.version == 1
     assert first.loss > 0.5  # untrained: near log 2
     stats = first
     for _ in range(24):
         stats = rm.update(pairs)
-        if stats.pair_accuracy_after >= 0.95 and stats.loss < 0.4:
+        if stats.pair_accuracy_after >= 0.95:
             break
     assert stats.pair_accuracy_after >= 0.95
-    assert stats.loss < first.loss
-    assert rm.version == stats.version > 1
+    assert rm.score([ScoreItem(p.question, p.reference, p.positive) for p in pairs]) != \
+        rm.score([ScoreItem(p.question, p.reference, p.negative) for p in pairs])
+    assert rm.update(pairs).loss < first.loss
+    assert rm.version == stats.version + 1
 
 
 def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:

@@ -153,6 +153,8 @@ class VerifyRM:
         self.pad_id = int(pad_id)
         # Batched inputs need the model to know the pad id to find each row's last real token.
         self.model.config.pad_token_id = self.pad_id
+        # One forward per input, never generation: a decoder would otherwise build a KV cache on every pass.
+        self.model.config.use_cache = False
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=optim.lr, betas=optim.betas, eps=optim.eps,
             weight_decay=optim.weight_decay,
