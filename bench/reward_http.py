@@ -1,18 +1,24 @@
 """Reward serving over HTTP: Cooper's reward service against a naive one-forward-per-request server.
 
-32 concurrent clients each send one item per request until 2,000 items are scored, first against (a) a naive
-FastAPI server written below, the way most reward servers are written (parse the JSON, tokenize, one forward pass
-per request, answer), then against (b) `cooper serve reward` (dynamic batching over all concurrent requests). Both
-load the same tiny VerifyRM and build the same DESIGN.md input text. Each server runs alone in its own process.
+32 concurrent clients each send one item per request until 2,000 items are scored, against (a) a naive FastAPI
+server written below, the way most reward servers are written (parse the JSON, tokenize, one forward pass per
+request, answer), and (b) `cooper serve reward` (dynamic batching over all concurrent requests). Both load the same
+tiny VerifyRM and build the same DESIGN.md input text. Both run as processes of their own, started once; timed
+rounds alternate between them (only one is under load at a time) so that both see the same background load, and
+medians over rounds are reported. Both get the same torch thread count (--threads, default 1: on a small CPU, one
+intra-op thread is fastest for a batch-1 forward, so this favours the naive server if anything) and the same event
+loop (uvicorn picks uvloop for the naive server when installed; --loop auto does the same for the service).
 
 The client is a minimal asyncio HTTP/1.1 client on keep-alive connections: on a small machine a heavy client
 library would take the CPU that the servers need and flatten the difference it is meant to measure. Both servers
 get the same client.
 
 Printed last, one JSON line: throughput (items/s) and p50/p99 request latency (ms) of both, "ratio" = service /
-naive throughput, and the largest score and logit difference between the two on the same items.
+naive throughput (and per round), the service's mean batch, the 1-minute load average at the end (the numbers
+mean little on a machine that other jobs keep busy), and the largest score and logit difference between the two
+servers on the same items.
 
-    python bench/reward_http.py [--items 2000] [--clients 32]
+    python bench/reward_http.py [--items 2000] [--clients 32] [--rounds 3] [--threads 1] [--loop auto]
 """
 
 import argparse

@@ -120,6 +120,8 @@ class Batcher:
 
     async def submit(self, items: Sequence[Any]) -> tuple[list[float], int]:
         """Results of `items` in order, and the one model version that produced all of them."""
+        if not self.running:
+            raise QueueTimeout("the scoring loop is not running (the service is starting or stopping)")
         if len(items) > self.config.max_queue:
             REJECTED.labels("too_large").inc()
             raise RequestTooLarge(
@@ -140,6 +142,8 @@ class Batcher:
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
         """Run fn on the model thread after every request queued before it, and before any queued after it."""
+        if not self.running:
+            raise QueueTimeout("the scoring loop is not running (the service is starting or stopping)")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Exclusive(fn, future))
         self._arrived.set()
@@ -247,10 +251,12 @@ class Batcher:
         BATCH_ITEMS.observe(len(batch))
         rate = len(batch) / max(elapsed, 1e-6)
         self._items_per_s = rate if self._items_per_s == 0 else 0.9 * self._items_per_s + 0.1 * rate
+        mixed = [request for request, _ in batch if request.version not in (None, version)]
+        if mixed:  # FIFO makes this impossible; fail loudly rather than answer with two versions
+            self._finish(batch, error=RuntimeError("a request's items came from two model versions"))
+            return
         for (request, index), logit in zip(batch, logits, strict=True):
             request.logits[index] = logit
-            if request.version is not None and request.version != version:
-                raise AssertionError("a request's items came from two model versions")  # FIFO makes this impossible
             request.version = version
         self._finish(batch)
 

@@ -106,6 +106,10 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5])
         return _error_response(ApiError(422, "invalid_request", f"malformed request: {problems}"))
 
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, err: Exception) -> JSONResponse:
+        return _error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")

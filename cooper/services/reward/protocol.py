@@ -68,7 +68,8 @@ class OpenRLHFResponse(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    type: str = Field(description="unauthorized, too_large, invalid_request, overloaded, not_found, not_ready")
+    type: str = Field(description="unauthorized, too_large, invalid_request, overloaded, not_found, "
+                                  "method_not_allowed, not_ready, internal")
     message: str = Field(description="what went wrong and what to do")
 
 

@@ -201,6 +201,8 @@ class RewardService:
     async def stop(self) -> None:
         """Save unsaved updates (reward.save_on_stop), fail waiting requests, stop the model thread."""
         self.stopping = True
-        if self.config.save_on_stop and self.updates and self._saved_state != (self.rm.version, self.updates):
-            await self.save("stop")
-        await self.batcher.stop()
+        try:
+            if self.config.save_on_stop and self.updates and self._saved_state != (self.rm.version, self.updates):
+                await self.save("stop")
+        finally:
+            await self.batcher.stop()

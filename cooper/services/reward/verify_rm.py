@@ -317,8 +317,8 @@ class VerifyRM:
                 optimizer.step()
                 epoch_loss += loss.item() * len(rows)
             last_loss = epoch_loss / len(order)
-        logits = self.logits(ids)
-        accuracy = sum((x > 0) == t.label for x, t in zip(logits, triples, strict=True)) / len(triples)
+        final = self.logits(ids)
+        accuracy = sum((x > 0) == t.label for x, t in zip(final, triples, strict=True)) / len(triples)
         return {"loss": last_loss, "accuracy": accuracy}
 
     # ----- state -----
