@@ -167,5 +167,10 @@ def run_service(
             service.write_ready_file(ready_file)
         await service.wait_for_signal()
 
-    asyncio.run(main())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:  # faster I/O, above all for the reward service's embedded uvicorn; grpc.aio runs on it
+        uvloop.run(main())
     return 0
