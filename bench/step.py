@@ -1,6 +1,7 @@
 """One Cooper step, in-process vs through the services and Redis: what the orchestration costs per step.
 
     python bench/step.py [--steps 6] [--warmup 1] [--mode cooper] [--repeats 1] [--save-every 1]
+                         [--workers 3] [--what-if reward-threads,plain-completions,fsync|all] [--only a|b]
 
 Both sides run the same `configs/tiny.yaml` steps (the `tiny-sft` policy, the `tiny-rm` VerifyRM, the same
 prompts, prompt template and sampling seeds via `stages.step_seed`), with evaluation off (`eval.every=0`) and
@@ -28,6 +29,13 @@ reward service's checkpoint function after every applied update); `--save-every 
 
 Threads: the tiny preset sets `policy.torch_threads: 1`. In (a) that is process-wide, so VerifyRM also runs on one
 thread; in (b) the reward service sets no thread count and torch uses its default (the number of cores).
+
+`wait/<stage>` (b only): from the end of a job's last input to the start of its stage function in a worker: the
+Redis hop (record the result, enqueue the dependents, XACK, XREADGROUP wake-up, status write).
+`--what-if` patches proposed fixes into this process for (b) only, to measure them before they ship:
+`reward-threads` (the reward service on one torch thread, via OMP_NUM_THREADS=1 inherited by the services),
+`plain-completions` (completions to and from JSON without protobuf's json_format), `fsync` (the embedded Redis with
+`appendfsync everysec`). Without it, (b) is exactly what `cooper train` runs.
 
 `overhead` = (b - a) / a on the median steady-state step time. With `--repeats R` the two sides alternate which
 goes first; medians pool the steps of all repeats and `overhead_per_repeat` gives each repeat's own figure.
