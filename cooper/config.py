@@ -167,6 +167,9 @@ class RewardConfig(StrictModel):
     """HTTP API served by the same process."""
     model: str = "tiny"
     """Hub id or local directory of a one-output sequence-classification model; "tiny" builds one locally."""
+    torch_threads: int | None = Field(default=None, ge=1)
+    """CPU threads torch may use in the reward service; None keeps torch's default (all cores). On a small shared
+    CPU, 1 is several times faster for tiny models (two threads per forward pass oversubscribe the cores)."""
     device: str = "auto"
     """"auto" (cuda if present), "cpu" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

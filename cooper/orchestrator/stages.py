@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict, ParseDict
-
 from cooper.config import CooperConfig
 from cooper.orchestrator import graph
 from cooper.orchestrator.data import Example, StepData, prompt_text
@@ -65,8 +63,15 @@ class StageContext:
         self._clients.clear()
 
 
+def _completion_dict(c: policy_pb2.Completion) -> dict[str, Any]:
+    # Plain fields, not json_format: that costs ~0.7 ms a completion, on the critical path of every step.
+    return {"prompt_id": c.prompt_id, "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
+            "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
+            "prompt_token_ids": list(c.prompt_token_ids)}
+
+
 def _completions(rollout: dict[str, Any]) -> list[policy_pb2.Completion]:
-    return [ParseDict(c, policy_pb2.Completion()) for c in rollout["completions"]]
+    return [policy_pb2.Completion(**c) for c in rollout["completions"]]
 
 
 def _examples_by_id(rollout: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -84,7 +89,7 @@ def rollout(ctx: StageContext, step: int) -> dict[str, Any]:
         n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
         max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=step_seed(ctx.config.run.seed, step, "rollout"),
     )
-    completions = [MessageToDict(c, preserving_proto_field_name=True) for c in reply.completions]
+    completions = [_completion_dict(c) for c in reply.completions]
     epoch, offset = ctx.data.position(step)
     return {"policy_version": reply.version, "prompts": prompts, "completions": completions,
             "data_position": {"epoch": epoch, "offset": offset}}

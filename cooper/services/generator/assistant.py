@@ -57,15 +57,14 @@ class TransformersAssistant:
     """An in-process Hugging Face causal LM with its chat template; "tiny" builds the local tiny model."""
 
     def __init__(self, config: AssistantConfig):
-        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from cooper.tiny.models import resolve_model
 
         path = resolve_model(config.model, "causal")
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        from cooper.runtime.devices import resolve_device
+
+        device = str(resolve_device(config.device, "generator.assistant.device"))
         self.device = device
         self.batch_size = config.concurrency
         self.tokenizer = AutoTokenizer.from_pretrained(path)

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cooper.config import PolicyConfig
+from cooper.runtime.devices import resolve_device
 from cooper.services.policy.checkpoint import (
     latest_checkpoint,
     read_optimizer_state,
@@ -42,15 +43,6 @@ class TrainResult:
     metrics: dict[str, float]
     version: int
     replayed: bool
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"policy.device is {name!r} but CUDA is not available; set policy.device=cpu or auto")
-    return device
 
 
 def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
@@ -90,7 +82,7 @@ class PolicyCore:
         self.cfg = cfg
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
-        self.device = resolve_device(cfg.device)
+        self.device = resolve_device(cfg.device, "policy.device")
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)

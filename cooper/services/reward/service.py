@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import prometheus_client
+import torch
 
 from cooper.config import RewardConfig
 from cooper.services.reward import checkpoint
@@ -108,6 +109,8 @@ class RewardService:
     def load(cls, config: RewardConfig) -> RewardService:
         from cooper.tiny.models import resolve_model
 
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         checkpoint.remove_partial(config.checkpoint_dir)
         latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
         source = str(latest) if latest else resolve_model(config.model, "reward")

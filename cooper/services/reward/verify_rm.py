@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from cooper.config import OptimConfig
+from cooper.runtime.devices import resolve_device, resolve_dtype
 
 HEAD_CHARS = 500
 TAIL_CHARS = 1000
@@ -124,18 +125,6 @@ def sigmoid(logit: float) -> float:
     return z / (1.0 + z)
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-
-
 class VerifyRM:
     """The model, its tokenizer and its optimizer. Not thread-safe: the service runs it on one thread."""
 
@@ -172,7 +161,7 @@ class VerifyRM:
         """Load a one-output sequence classifier by hub id or local directory."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        target = resolve_device(device)
+        target = resolve_device(device, "reward.device")
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForSequenceClassification.from_pretrained(source, dtype=resolve_dtype(dtype, target))
         if model.config.num_labels != 1:
