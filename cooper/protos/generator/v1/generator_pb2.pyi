@@ -1,11 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -30,13 +28,13 @@ class NegativeItem(_message.Message):
     question: str
     reference: str
     positive: str
-    def __init__(self, id: str | None = ..., question: str | None = ..., reference: str | None = ..., positive: str | None = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., question: _Optional[str] = ..., reference: _Optional[str] = ..., positive: _Optional[str] = ...) -> None: ...
 
 class NegativesRequest(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[NegativeItem]
-    def __init__(self, items: _Iterable[NegativeItem | _Mapping] | None = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[NegativeItem, _Mapping]]] = ...) -> None: ...
 
 class NegativeResult(_message.Message):
     __slots__ = ("id", "negative", "attempts", "valid", "reason", "rejections")
@@ -52,13 +50,13 @@ class NegativeResult(_message.Message):
     valid: bool
     reason: str
     rejections: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: str | None = ..., negative: str | None = ..., attempts: int | None = ..., valid: bool = ..., reason: str | None = ..., rejections: _Iterable[str] | None = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., negative: _Optional[str] = ..., attempts: _Optional[int] = ..., valid: bool = ..., reason: _Optional[str] = ..., rejections: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NegativesResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[NegativeResult]
-    def __init__(self, results: _Iterable[NegativeResult | _Mapping] | None = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[NegativeResult, _Mapping]]] = ...) -> None: ...
 
 class JudgeItem(_message.Message):
     __slots__ = ("question", "reference", "completion")
@@ -68,13 +66,13 @@ class JudgeItem(_message.Message):
     question: str
     reference: str
     completion: str
-    def __init__(self, question: str | None = ..., reference: str | None = ..., completion: str | None = ...) -> None: ...
+    def __init__(self, question: _Optional[str] = ..., reference: _Optional[str] = ..., completion: _Optional[str] = ...) -> None: ...
 
 class JudgeRequest(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[JudgeItem]
-    def __init__(self, items: _Iterable[JudgeItem | _Mapping] | None = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[JudgeItem, _Mapping]]] = ...) -> None: ...
 
 class JudgeResult(_message.Message):
     __slots__ = ("verdict", "raw")
@@ -82,10 +80,10 @@ class JudgeResult(_message.Message):
     RAW_FIELD_NUMBER: _ClassVar[int]
     verdict: Judgment
     raw: str
-    def __init__(self, verdict: Judgment | str | None = ..., raw: str | None = ...) -> None: ...
+    def __init__(self, verdict: _Optional[_Union[Judgment, str]] = ..., raw: _Optional[str] = ...) -> None: ...
 
 class JudgeResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[JudgeResult]
-    def __init__(self, results: _Iterable[JudgeResult | _Mapping] | None = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[JudgeResult, _Mapping]]] = ...) -> None: ...

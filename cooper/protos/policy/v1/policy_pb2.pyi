@@ -1,12 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from cooper.protos.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-
-from cooper.protos.common.v1 import common_pb2 as _common_pb2
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,7 +13,7 @@ class Prompt(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     id: str
     text: str
-    def __init__(self, id: str | None = ..., text: str | None = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Sampling(_message.Message):
     __slots__ = ("n", "temperature", "top_p", "max_new_tokens", "stop", "seed")
@@ -32,7 +29,7 @@ class Sampling(_message.Message):
     max_new_tokens: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     seed: int
-    def __init__(self, n: int | None = ..., temperature: float | None = ..., top_p: float | None = ..., max_new_tokens: int | None = ..., stop: _Iterable[str] | None = ..., seed: int | None = ...) -> None: ...
+    def __init__(self, n: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompts", "sampling")
@@ -40,7 +37,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     prompts: _containers.RepeatedCompositeFieldContainer[Prompt]
     sampling: Sampling
-    def __init__(self, prompts: _Iterable[Prompt | _Mapping] | None = ..., sampling: Sampling | _Mapping | None = ...) -> None: ...
+    def __init__(self, prompts: _Optional[_Iterable[_Union[Prompt, _Mapping]]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("prompt_id", "index", "text", "token_ids", "logprobs", "finish_reason", "prompt_token_ids")
@@ -58,7 +55,7 @@ class Completion(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     finish_reason: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_id: str | None = ..., index: int | None = ..., text: str | None = ..., token_ids: _Iterable[int] | None = ..., logprobs: _Iterable[float] | None = ..., finish_reason: str | None = ..., prompt_token_ids: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, prompt_id: _Optional[str] = ..., index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("completions", "version")
@@ -66,7 +63,7 @@ class GenerateResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     version: int
-    def __init__(self, completions: _Iterable[Completion | _Mapping] | None = ..., version: int | None = ...) -> None: ...
+    def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
     __slots__ = ("key", "rollout", "rewards", "group_size")
@@ -78,7 +75,7 @@ class TrainRequest(_message.Message):
     rollout: _containers.RepeatedCompositeFieldContainer[Completion]
     rewards: _containers.RepeatedScalarFieldContainer[float]
     group_size: int
-    def __init__(self, key: _common_pb2.IdempotencyKey | _Mapping | None = ..., rollout: _Iterable[Completion | _Mapping] | None = ..., rewards: _Iterable[float] | None = ..., group_size: int | None = ...) -> None: ...
+    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., rollout: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., group_size: _Optional[int] = ...) -> None: ...
 
 class TrainResponse(_message.Message):
     __slots__ = ("metrics", "version", "replayed")
@@ -88,14 +85,14 @@ class TrainResponse(_message.Message):
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
         value: float
-        def __init__(self, key: str | None = ..., value: float | None = ...) -> None: ...
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     METRICS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     version: int
     replayed: bool
-    def __init__(self, metrics: _Mapping[str, float] | None = ..., version: int | None = ..., replayed: bool = ...) -> None: ...
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., version: _Optional[int] = ..., replayed: bool = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -117,4 +114,4 @@ class InfoResponse(_message.Message):
     engine: str
     last_key: str
     checkpoint: str
-    def __init__(self, model: str | None = ..., version: int | None = ..., parameters: int | None = ..., device: str | None = ..., engine: str | None = ..., last_key: str | None = ..., checkpoint: str | None = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., engine: _Optional[str] = ..., last_key: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...

@@ -1,12 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from cooper.protos.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-
-from cooper.protos.common.v1 import common_pb2 as _common_pb2
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -18,13 +15,13 @@ class ScoreItem(_message.Message):
     question: str
     reference: str
     completion: str
-    def __init__(self, question: str | None = ..., reference: str | None = ..., completion: str | None = ...) -> None: ...
+    def __init__(self, question: _Optional[str] = ..., reference: _Optional[str] = ..., completion: _Optional[str] = ...) -> None: ...
 
 class ScoreRequest(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[ScoreItem]
-    def __init__(self, items: _Iterable[ScoreItem | _Mapping] | None = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoreItem, _Mapping]]] = ...) -> None: ...
 
 class Score(_message.Message):
     __slots__ = ("score", "logit")
@@ -32,7 +29,7 @@ class Score(_message.Message):
     LOGIT_FIELD_NUMBER: _ClassVar[int]
     score: float
     logit: float
-    def __init__(self, score: float | None = ..., logit: float | None = ...) -> None: ...
+    def __init__(self, score: _Optional[float] = ..., logit: _Optional[float] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("scores", "version")
@@ -40,7 +37,7 @@ class ScoreResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     scores: _containers.RepeatedCompositeFieldContainer[Score]
     version: int
-    def __init__(self, scores: _Iterable[Score | _Mapping] | None = ..., version: int | None = ...) -> None: ...
+    def __init__(self, scores: _Optional[_Iterable[_Union[Score, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class Pair(_message.Message):
     __slots__ = ("question", "reference", "positive", "negative")
@@ -52,7 +49,7 @@ class Pair(_message.Message):
     reference: str
     positive: str
     negative: str
-    def __init__(self, question: str | None = ..., reference: str | None = ..., positive: str | None = ..., negative: str | None = ...) -> None: ...
+    def __init__(self, question: _Optional[str] = ..., reference: _Optional[str] = ..., positive: _Optional[str] = ..., negative: _Optional[str] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
     __slots__ = ("key", "pairs")
@@ -60,7 +57,7 @@ class UpdateRequest(_message.Message):
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     key: _common_pb2.IdempotencyKey
     pairs: _containers.RepeatedCompositeFieldContainer[Pair]
-    def __init__(self, key: _common_pb2.IdempotencyKey | _Mapping | None = ..., pairs: _Iterable[Pair | _Mapping] | None = ...) -> None: ...
+    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., pairs: _Optional[_Iterable[_Union[Pair, _Mapping]]] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("loss", "grad_norm", "pair_accuracy_before", "pair_accuracy_after", "version", "skipped", "replayed")
@@ -78,7 +75,7 @@ class UpdateResponse(_message.Message):
     version: int
     skipped: bool
     replayed: bool
-    def __init__(self, loss: float | None = ..., grad_norm: float | None = ..., pair_accuracy_before: float | None = ..., pair_accuracy_after: float | None = ..., version: int | None = ..., skipped: bool = ..., replayed: bool = ...) -> None: ...
+    def __init__(self, loss: _Optional[float] = ..., grad_norm: _Optional[float] = ..., pair_accuracy_before: _Optional[float] = ..., pair_accuracy_after: _Optional[float] = ..., version: _Optional[int] = ..., skipped: bool = ..., replayed: bool = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -98,4 +95,4 @@ class InfoResponse(_message.Message):
     device: str
     last_key: str
     checkpoint: str
-    def __init__(self, model: str | None = ..., version: int | None = ..., parameters: int | None = ..., device: str | None = ..., last_key: str | None = ..., checkpoint: str | None = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., last_key: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...

@@ -1,11 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -32,13 +30,13 @@ class VerifyItem(_message.Message):
     id: str
     completion: str
     reference: str
-    def __init__(self, id: str | None = ..., completion: str | None = ..., reference: str | None = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., completion: _Optional[str] = ..., reference: _Optional[str] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("items",)
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
-    def __init__(self, items: _Iterable[VerifyItem | _Mapping] | None = ...) -> None: ...
+    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("id", "verdict", "extracted", "ms", "detail")
@@ -52,10 +50,10 @@ class VerifyResult(_message.Message):
     extracted: str
     ms: float
     detail: str
-    def __init__(self, id: str | None = ..., verdict: Verdict | str | None = ..., extracted: str | None = ..., ms: float | None = ..., detail: str | None = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., extracted: _Optional[str] = ..., ms: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
-    def __init__(self, results: _Iterable[VerifyResult | _Mapping] | None = ...) -> None: ...
+    def __init__(self, results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ...) -> None: ...
