@@ -66,7 +66,7 @@ def naive_server(port_file: str) -> None:
     from cooper.services.reward.verify_rm import format_input
     from cooper.tiny.models import resolve_model
 
-    path = resolve_model("tiny", "reward")
+    path = resolve_model(os.environ.get("COOPER_BENCH_MODEL", "tiny"), "reward")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     app = FastAPI()
@@ -203,6 +203,8 @@ def start_server(command: list[str], ready: Path, what: str, threads: int) -> tu
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
+                        help="tiny (0.1M parameters, the default) or small (4M: a forward pass with some compute in it)")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per server; medians reported")
     parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed round")
@@ -219,7 +221,8 @@ def main() -> None:
 
     from cooper.tiny.models import resolve_model
 
-    resolve_model("tiny", "reward")  # build the tiny model once, before either server starts
+    resolve_model(args.model, "reward")  # build the model once, before either server starts
+    os.environ["COOPER_BENCH_MODEL"] = args.model  # the naive server (a child process) loads the same one
     items = make_items(args.items)
     runs: dict[str, list[dict]] = {"naive": [], "service": []}
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
@@ -230,7 +233,7 @@ def main() -> None:
             service, ready = start_server(
                 [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                  "--ready-file", str(service_ready), "reward.http.port=0", f"reward.checkpoint_dir={tmp}/ckpt",
-                 "reward.server.metrics_port=null"],
+                 "reward.server.metrics_port=null", f"reward.model={args.model}"],
                 service_ready, "reward service", args.threads)
             try:
                 ports = {"naive": int(naive_port), "service": json.loads(ready)["http_port"]}
@@ -255,7 +258,7 @@ def main() -> None:
                      for a, b in zip(n["logits"], s["logits"], strict=True))
     naive_tp, service_tp = median_of("naive", "throughput"), median_of("service", "throughput")
     result = {
-        "bench": "reward_http", "items": args.items, "clients": args.clients, "items_per_request": 1,
+        "bench": "reward_http", "model": args.model, "items": args.items, "clients": args.clients, "items_per_request": 1,
         "rounds": args.rounds, "threads": args.threads, "service_loop": args.loop, "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "naive_items_per_s": round(naive_tp, 1), "service_items_per_s": round(service_tp, 1),

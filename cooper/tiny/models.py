@@ -84,23 +84,29 @@ def tiny_tokenizer_dir() -> Path:
     return _build_once("tokenizer", build)
 
 
-def _qwen2_config(vocab_size: int, pad_id: int, eos_id: int):  # type: ignore[no-untyped-def]
+# name -> (hidden, intermediate, layers, heads, kv heads). "small" (~4M parameters) is for benchmarks where the
+# tiny model's forward pass would be all Python overhead and no compute, unlike any real model's.
+SIZES = {"tiny": (64, 128, 2, 4, 2), "small": (256, 1024, 4, 8, 4)}
+
+
+def _qwen2_config(vocab_size: int, pad_id: int, eos_id: int, size: str = "tiny"):  # type: ignore[no-untyped-def]
     from transformers import Qwen2Config
 
+    hidden, intermediate, layers, heads, kv_heads = SIZES[size]
     return Qwen2Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
         tie_word_embeddings=True, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None,
         num_labels=1, use_cache=True,
     )
 
 
-def _build_model(kind: str, out: Path) -> None:
+def _build_model(kind: str, out: Path, size: str = "tiny") -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
-    config = _qwen2_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config = _qwen2_config(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, size)
     torch.manual_seed(0 if kind == "causal" else 1)
     model = Qwen2ForCausalLM(config) if kind == "causal" else Qwen2ForSequenceClassification(config)
     model.save_pretrained(out, safe_serialization=True)
@@ -117,14 +123,19 @@ def tiny_reward_model_dir() -> Path:
     return _build_once("reward-model", lambda out: _build_model("reward", out))
 
 
-TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm")
+def small_model_dir(kind: str) -> Path:
+    """A randomly initialised 4-layer, 256-wide Qwen2 of `kind` ("causal" or "reward"), with the tiny tokenizer."""
+    return _build_once(f"small-{kind}", lambda out: _build_model(kind, out, "small"))
+
+
+TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small")
 
 
 def resolve_model(name: str, kind: str) -> str:
     """A tiny model name -> its locally built directory; anything else (hub id, local path) as given.
 
-    "tiny" is a random tiny model of `kind` ("causal" or "reward"); "tiny-sft" the warm-started policy and
-    "tiny-rm" the pretrained VerifyRM of the tiny preset (cooper/tiny/warm_start.py).
+    "tiny" is a random tiny model of `kind` ("causal" or "reward"), "small" a random 4-layer 256-wide one;
+    "tiny-sft" the warm-started policy and "tiny-rm" the pretrained VerifyRM of the tiny preset (warm_start.py).
     """
     if name == "tiny-sft":
         from cooper.tiny.warm_start import tiny_sft_policy_dir
@@ -134,6 +145,8 @@ def resolve_model(name: str, kind: str) -> str:
         from cooper.tiny.warm_start import tiny_pretrained_rm_dir
 
         return str(tiny_pretrained_rm_dir())
+    if name == "small":
+        return str(small_model_dir(kind))
     if name != "tiny":
         return name
     if kind == "causal":
