@@ -68,6 +68,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment(args: argparse.Namespace) -> int:
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in ("rule", "static", "cooper")]
+    if unknown or not modes:
+        raise ConfigError(f"--modes takes rule, static and cooper; got {args.modes!r}")
+    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
+    if args.check_config:
+        print(to_yaml(config), end="")
+        return 0
+    from cooper.orchestrator.experiment import run_experiment
+
+    run_experiment(config, modes, progress=not args.no_progress)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cooper",
@@ -99,6 +114,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.add_argument("--workers", type=int, default=3, help="stage worker threads (default 3)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=5 run.mode=static")
+
+    experiment = sub.add_parser(
+        "experiment", help="run rule, static and cooper on the same data and seed, and plot them side by side",
+        epilog="Example: cooper experiment run.steps=20   (tiny preset; writes runs/<name>/compare.png)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    experiment.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
+    experiment.add_argument("--modes", default="rule,static,cooper", help="comma-separated modes (default: all three)")
+    experiment.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
+    experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
+    experiment.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=20 run.seed=1")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
     show.add_argument("--config", help="YAML config file")
@@ -141,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "experiment":
+            return _experiment(args)
         if args.command == "config":
             print(to_yaml(_load(args)), end="")
             return 0
