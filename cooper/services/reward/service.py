@@ -20,7 +20,7 @@ import torch
 from cooper.config import RewardConfig
 from cooper.services.reward import checkpoint
 from cooper.services.reward.batcher import Batcher
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, sigmoid
+from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, UpdateStats, VerifyRM, sigmoid
 
 log = logging.getLogger("cooper.reward")
 
@@ -47,15 +47,7 @@ class ScoreResult:
     version: int
 
 
-@dataclass(frozen=True)
-class UpdateResult:
-    loss: float
-    grad_norm: float
-    pair_accuracy_before: float
-    pair_accuracy_after: float
-    version: int
-    skipped: bool
-    replayed: bool = False
+UpdateResult = UpdateStats  # the service's name for it: what Update answers (recorded per key)
 
 
 @dataclass(frozen=True)
@@ -168,8 +160,7 @@ class RewardService:
             return replace(self._results[key], replayed=True)
         stats = self.rm.update(pairs)
         self.updates += 1
-        result = UpdateResult(stats.loss, stats.grad_norm, stats.pair_accuracy_before, stats.pair_accuracy_after,
-                              stats.version, stats.skipped)
+        result = stats
         if key is not None:
             self.last_key = key
             self._results[key] = result

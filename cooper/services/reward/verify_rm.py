@@ -62,7 +62,8 @@ class LabelledTriple:
 
 @dataclass(frozen=True)
 class UpdateStats:
-    """What one Bradley-Terry update did; `version` is the model version after it."""
+    """What one Bradley-Terry update did; `version` is the model version after it. `replayed` is set by the
+    service when an idempotency key had been applied before and this is its recorded result."""
 
     loss: float
     grad_norm: float
@@ -70,6 +71,7 @@ class UpdateStats:
     pair_accuracy_after: float
     version: int
     skipped: bool
+    replayed: bool = False
 
 
 def truncate_middle(text: str) -> str:
