@@ -501,6 +501,11 @@ def load_config(
         raise ConfigError(describe_errors(err, origin)) from None
 
 
+def with_overrides(config: CooperConfig, overrides: Sequence[str]) -> CooperConfig:
+    """A copy of `config` with dotted overrides applied and validated like any other source."""
+    return CooperConfig.model_validate(_merge(config.model_dump(mode="python"), cli_overrides(overrides)))
+
+
 def to_yaml(config: CooperConfig) -> str:
     """The resolved config as YAML (secrets masked), for run directories and `cooper config show`."""
     data = config.model_dump(mode="json")

@@ -73,7 +73,8 @@ def _fmt(value: Any) -> str:
 
 
 def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, progress: bool = True) -> Path:
-    from cooper.orchestrator.launch import train, with_overrides
+    from cooper.config import with_overrides
+    from cooper.orchestrator.launch import train
 
     name = config.run.name or f"experiment-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(config.run.output_dir) / name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from cooper.config import CooperConfig, _merge, cli_overrides, load_config, to_yaml
+from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
 from cooper.orchestrator.local import LocalServices, open_redis, services_needed
 from cooper.orchestrator.outputs import plot, read_metrics, summary_table
 from cooper.orchestrator.queue import RunStore
@@ -23,11 +23,6 @@ log = logging.getLogger("cooper.orchestrator")
 
 RESOLVED = "config.resolved.yaml"  # secrets included, mode 600: what the services are started with
 READABLE = "config.yaml"  # secrets masked: what people read
-
-
-def with_overrides(config: CooperConfig, overrides: list[str]) -> CooperConfig:
-    tree = config.model_dump(mode="python")
-    return CooperConfig.model_validate(_merge(tree, cli_overrides(overrides)))
 
 
 def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:

@@ -39,7 +39,8 @@ def _mean(values: list[float]) -> float | None:
 
 def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any]:
     """The reward-hacking monitor and the training numbers of one finished step."""
-    ro, ve, sc, pu = (ctx.result(s, step) for s in (g.ROLLOUT, g.VERIFY, g.SCORE, g.POLICY_UPDATE))
+    results = {stage: ctx.result(stage, step) for stage in graph.stages(step)}  # one Redis read per job
+    ro, ve, sc, pu = (results[s] for s in (g.ROLLOUT, g.VERIFY, g.SCORE, g.POLICY_UPDATE))
     correct = [v == "CORRECT" for v in ve["verdicts"]]
     rewards = sc["rewards"]
     record: dict[str, Any] = {
@@ -62,7 +63,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
     for key, value in pu["metrics"].items():
         record[f"policy/{key}"] = value
     if graph.mode == "cooper":
-        ng, ru = ctx.result(g.NEGATIVES, step), ctx.result(g.REWARD_UPDATE, step)
+        ng, ru = results[g.NEGATIVES], results[g.REWARD_UPDATE]
         record.update({
             "pairs": ru["pairs"], "valid_pair_rate": ru["pairs"] / max(1, ng["prompts"]),
             "positive_rate": ng["positives"] / max(1, ng["prompts"]),
@@ -72,10 +73,10 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
             "reward_version": ru["reward_version"],
         })
     if graph.evaluates_after(step):
-        for name, accuracy in ctx.result(g.EVALUATE, step)["accuracy"].items():
+        for name, accuracy in results[g.EVALUATE]["accuracy"].items():
             record[f"test/{name}"] = accuracy
-    for stage in graph.stages(step):
-        record[f"time/{stage}"] = ctx.result(stage, step)["seconds"]
+    for stage, result in results.items():
+        record[f"time/{stage}"] = result["seconds"]
     return record
 
 

@@ -30,6 +30,8 @@ class ServiceProcess:
     info: dict[str, Any]
     log_path: Path
     host: str = "127.0.0.1"
+    ready_path: Path | None = None
+    """Where the service writes its ports once it serves."""
     _tmp: Any = field(default=None, repr=False)
 
     @property
@@ -75,8 +77,7 @@ def start_service(
     cmd += list(overrides)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
-    service = ServiceProcess(name, process, {}, log_path, _tmp=tmp)
-    service._ready_path = ready  # type: ignore[attr-defined]
+    service = ServiceProcess(name, process, {}, log_path, ready_path=ready, _tmp=tmp)
     if wait:
         wait_until_ready([service], ready_timeout_s)
     return service
@@ -88,8 +89,8 @@ def wait_until_ready(services: Sequence[ServiceProcess], timeout_s: float = 120.
     waiting = list(services)
     while waiting:
         for service in list(waiting):
-            ready: Path = service._ready_path  # type: ignore[attr-defined]
-            if ready.exists():
+            ready = service.ready_path
+            if ready is not None and ready.exists():
                 service.info = json.loads(ready.read_text())
                 waiting.remove(service)
             elif service.process.poll() is not None:
