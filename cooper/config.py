@@ -178,6 +178,9 @@ class RewardConfig(StrictModel):
     """Longest input in tokens; longer inputs are truncated from the left of the completion by the template."""
     discrete: bool = False
     """Reward = 1[sigmoid(logit) > 0.5] instead of sigmoid(logit)."""
+    model_process: bool = True
+    """Run VerifyRM (tokenizer, forward passes, updates, checkpoints) in a child process of its own, so that the
+    HTTP and gRPC servers never compete with it for the GIL; False runs it on a thread of the serving process."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)

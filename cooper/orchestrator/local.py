@@ -69,7 +69,7 @@ class LocalServices:
         local = [n for n in needed if n not in self.addresses]
         logs = self.run_dir / "logs"
         # The verifier first: the generator needs its address. The others start together (started from this
-        # thread, which lives as long as they do: see processes._die_with_parent).
+        # thread, which lives as long as they do: see processes.die_with_parent).
         if "verifier" in local:
             verifier = start_service("verifier", self.config_path, log_dir=logs, wait=False)
             self.started.append(verifier)

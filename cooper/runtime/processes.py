@@ -76,7 +76,7 @@ def start_service(
         cmd += ["--config", str(config_path)]
     cmd += list(overrides)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
     service = ServiceProcess(name, process, {}, log_path, ready_path=ready, _tmp=tmp)
     if wait:
         wait_until_ready([service], ready_timeout_s)
@@ -107,8 +107,9 @@ def wait_until_ready(services: Sequence[ServiceProcess], timeout_s: float = 120.
             time.sleep(0.05)
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the child when the process that started it dies, even by SIGKILL, so nothing is orphaned.
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Linux: send `sig` to this (child) process when the process that started it dies, even by SIGKILL, so nothing
+    is orphaned.
 
     The signal follows the *thread* that forked, so start services from a long-lived thread (the main one).
     """
@@ -116,6 +117,6 @@ def _die_with_parent() -> None:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:  # not glibc Linux: children are still stopped on a normal exit
         pass

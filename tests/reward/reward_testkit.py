@@ -35,6 +35,7 @@ def make_config(tmp_path: Path, **overrides) -> RewardConfig:  # type: ignore[no
         "optim": OptimConfig(lr=3e-3, micro_batch_size=8),
         "batching": BatchingConfig(max_wait_ms=2),
         "device": "cpu",
+        "model_process": False,  # the model on a thread, so that tests can look inside it (test_model_process.py)
     }
     base.update(overrides)
     return RewardConfig(**base)

@@ -85,8 +85,8 @@ def test_score_matches_the_model_and_says_its_version(served: Served) -> None:
     reply = httpx.post(f"{served.url}/v1/score", json=body(items), headers=auth())
     assert reply.status_code == 200, reply.text
     data = reply.json()
-    assert data["version"] == served.service.rm.version
-    direct = served.service.rm.score(items)
+    assert data["version"] == served.service.core.rm.version
+    direct = served.service.core.rm.score(items)
     for got, (probability, logit) in zip(data["scores"], direct, strict=True):
         assert abs(got["logit"] - logit) <= 1e-5 and abs(got["score"] - probability) <= 1e-5
 
@@ -124,7 +124,7 @@ def test_limits_and_malformed_bodies_get_clear_4xx(served: Served) -> None:
 
 def test_full_queue_answers_503_with_retry_after(served: Served) -> None:
     gate = threading.Event()
-    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: gate.wait(20)),
+    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: served.service.runner.run(gate.wait, 20)),
                                                served.loop)
     with ThreadPoolExecutor(1) as pool:
         queued = pool.submit(httpx.post, f"{served.url}/v1/score", json=body(tiny_items(4)), headers=auth(),
@@ -154,7 +154,7 @@ def test_concurrent_clients_get_the_scores_of_one_at_a_time(served: Served) -> N
     # Hold the model until the first six requests wait, so that they are certainly batched together; the other
     # ten come as six concurrent clients (max_queue is 6).
     gate = threading.Event()
-    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: gate.wait(20)),
+    blocker = asyncio.run_coroutine_threadsafe(served.service.batcher.run_exclusive(lambda: served.service.runner.run(gate.wait, 20)),
                                                served.loop)
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(one, item) for item in items[:6]]  # within max_queue=6
@@ -176,7 +176,7 @@ def test_concurrent_clients_get_the_scores_of_one_at_a_time(served: Served) -> N
 def test_openrlhf_get_reward_protocol(served: Served) -> None:
     items = tiny_items(2)
     prompts = [f"<|im_start|>user\n{i.question}<|im_end|>\n<|im_start|>assistant\n" for i in items]
-    pad, eos = served.service.rm.tokenizer.pad_token, served.service.rm.tokenizer.eos_token
+    pad, eos = served.service.core.rm.tokenizer.pad_token, served.service.core.rm.tokenizer.eos_token
     request = {
         "query": [pad + pad + prompts[0] + items[0].completion + eos, prompts[1] + items[1].completion],
         "prompts": prompts, "labels": [i.reference for i in items],
@@ -184,10 +184,10 @@ def test_openrlhf_get_reward_protocol(served: Served) -> None:
     reply = httpx.post(f"{served.url}/get_reward", json=request, headers=auth())
     assert reply.status_code == 200, reply.text
     data = reply.json()
-    expected = served.service.rm.score([type(i)(p, i.reference, i.completion) for i, p in zip(items, prompts,
+    expected = served.service.core.rm.score([type(i)(p, i.reference, i.completion) for i, p in zip(items, prompts,
                                                                                                 strict=True)])
     assert max(abs(r - e[0]) for r, e in zip(data["rewards"], expected, strict=True)) <= 1e-5
-    assert data["scores"] == data["rewards"] and data["version"] == served.service.rm.version
+    assert data["scores"] == data["rewards"] and data["version"] == served.service.core.rm.version
     assert data["extra_logs"]["reward_version"] == [float(data["version"])] * 2
     bad = {**request, "query": ["something else", request["query"][1]]}
     assert_error(httpx.post(f"{served.url}/get_reward", json=bad, headers=auth()), 422, "invalid_request")
@@ -197,8 +197,8 @@ def test_openrlhf_get_reward_protocol(served: Served) -> None:
 
 def test_model_info_and_probes(served: Served) -> None:
     info = httpx.get(f"{served.url}/v1/model", headers=auth()).json()
-    assert info["model"] == "tiny" and info["version"] == served.service.rm.version
-    assert info["parameters"] == served.service.rm.parameters and info["device"] == "cpu"
+    assert info["model"] == "tiny" and info["version"] == served.service.core.rm.version
+    assert info["parameters"] == served.service.core.rm.parameters and info["device"] == "cpu"
     assert httpx.get(f"{served.url}/readyz").json()["status"] == "ready"
     spec = httpx.get(f"{served.url}/openapi.json").json()
     assert {"/v1/score", "/v1/model", "/get_reward", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])

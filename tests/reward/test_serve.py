@@ -14,7 +14,7 @@ import httpx
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.services.reward.client import RewardClient
-from cooper.services.reward.service import RewardService
+from cooper.services.reward.core import RewardCore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,27 @@ def test_serve_reward_grpc_and_http_then_sigterm_saves(tmp_path: Path) -> None:
 
     # The restarted service loads what SIGTERM saved (a second process start is covered in-process, faster, by
     # test_service's restart test).
-    restarted = RewardService.load(make_config(tmp_path, checkpoint_dir=str(tmp_path / "ckpt")))
+    restarted = RewardCore.load(make_config(tmp_path, checkpoint_dir=str(tmp_path / "ckpt")))
     assert restarted.rm.version == 1 and restarted.last_key == "run/7"
     assert restarted.checkpoint_path.endswith("v00000001-u00000001")
     assert restarted.rm.logits(restarted.rm.encode(items), batch_size=len(items)) == scored.logits
+
+
+def running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_killing_the_server_takes_its_model_process_with_it(tmp_path: Path) -> None:
+    process, ready = serve(tmp_path, "killed")
+    model_pid = ready["model_pid"]
+    assert model_pid != process.pid and running(model_pid)
+    process.kill()  # SIGKILL: no drain, no clean-up code runs in the server
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while running(model_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(model_pid), "the model process outlived the server"

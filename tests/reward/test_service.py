@@ -27,7 +27,7 @@ def test_idempotent_update_replays_and_trains_nothing(tmp_path: Path) -> None:
         assert again.replayed and not first.replayed
         assert (again.loss, again.grad_norm, again.version) == (first.loss, first.grad_norm, first.version)
         assert (await service.score(items)).logits == after_first.logits  # nothing trained
-        assert service.rm.version == 1 and service.info().last_key == "run-a/3"
+        assert service.core.rm.version == 1 and service.info().last_key == "run-a/3"
         # Another step, or the same step of another run, trains.
         assert (await service.update(idempotency_key("run-a", 4), pairs)).version == 2
         assert (await service.update(idempotency_key("run-b", 3), pairs)).version == 3
@@ -54,10 +54,10 @@ def test_checkpoint_restart_resumes_version_scores_optimizer_and_keys(tmp_path: 
         scores = await first.score(items)
 
         second = await RewardService.create(config)
-        assert second.rm.version == 2 and second.info().last_key == "run/2"
+        assert second.core.rm.version == 2 and second.info().last_key == "run/2"
         assert (await second.score(items)).logits == scores.logits  # bit for bit
         replay = await second.update(idempotency_key("run", 2), pairs)
-        assert replay.replayed and replay.loss == recorded.loss and second.rm.version == 2
+        assert replay.replayed and replay.loss == recorded.loss and second.core.rm.version == 2
         # The optimizer state came back too: the next step is the same step in both.
         a = await first.update(idempotency_key("run", 3), pairs)
         b = await second.update(idempotency_key("run", 3), pairs)
@@ -78,7 +78,7 @@ def test_checkpoints_are_atomic_pruned_and_saved_on_stop(tmp_path: Path) -> None
 
     async def main() -> None:
         service = await RewardService.create(config)
-        assert service.rm.version == 0  # neither leftover was loaded
+        assert service.core.rm.version == 0  # neither leftover was loaded
         assert not (root / ".tmp-crashed").exists()
         for step in range(5):
             await service.update(idempotency_key("run", step), tiny_pairs(2))
@@ -99,12 +99,14 @@ def test_scores_never_mix_versions_while_updates_run(tmp_path: Path) -> None:
         service = await RewardService.create(config)
         reference = {0: (await service.score(items)).logits}
 
+        rm = service.core.rm
+
         async def updates() -> None:
             for step in range(3):
                 await service.update(idempotency_key("run", step), tiny_pairs(2))
                 # On the model thread, between batches: exactly the weights of the version it names.
                 version, logits = await service.batcher.run_exclusive(
-                    lambda: (service.rm.version, service.rm.logits(service.rm.encode(items))))
+                    lambda: service.runner.run(lambda: (rm.version, rm.logits(rm.encode(items)))))
                 reference[version] = logits
 
         answers = []
@@ -131,8 +133,11 @@ def test_batcher_refuses_when_full_and_fails_stale_requests(tmp_path: Path) -> N
     async def main() -> None:
         service = await RewardService.create(config)
         gate = threading.Event()
-        blocker = asyncio.ensure_future(service.batcher.run_exclusive(lambda: gate.wait(10)))
-        waiting = asyncio.ensure_future(service.score(items))  # 3 items queued behind the blocker
+        # Two blockers fill both pipeline slots (one job running, one submitted behind it), so the next request
+        # waits in the queue, where staleness is checked.
+        blockers = [asyncio.ensure_future(service.batcher.run_exclusive(lambda: service.runner.run(gate.wait, 10)))
+                    for _ in range(2)]
+        waiting = asyncio.ensure_future(service.score(items))  # 3 items queued behind the blockers
         await asyncio.sleep(0.05)
         assert service.batcher.queued_items == 3
         with pytest.raises(QueueFull) as full:
@@ -142,7 +147,7 @@ def test_batcher_refuses_when_full_and_fails_stale_requests(tmp_path: Path) -> N
             await service.score(tiny_items(5))  # could never fit
         await asyncio.sleep(0.3)  # past queue_timeout_s
         gate.set()
-        await blocker
+        await asyncio.gather(*blockers)
         with pytest.raises(QueueTimeout):
             await waiting
         assert service.batcher.queued_items == 0
@@ -172,7 +177,7 @@ def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Pat
         run_batch = service.batcher.run_batch
         service.batcher.run_batch = lambda tokens: (seen.append(len(tokens)), run_batch(tokens))[1]
         gate = threading.Event()
-        blocker = asyncio.ensure_future(service.batcher.run_exclusive(lambda: gate.wait(10)))
+        blocker = asyncio.ensure_future(service.batcher.run_exclusive(lambda: service.runner.run(gate.wait, 10)))
         answers = [asyncio.ensure_future(service.score([item])) for item in items]
         await asyncio.sleep(0.05)
         gate.set()
@@ -184,9 +189,10 @@ def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Pat
 
         # The model thread cuts a batch further by padded tokens, shortest inputs together.
         passes: list[list[int]] = []
-        forward = service.rm.forward
-        service.rm.forward = lambda rows: (passes.append([len(r) for r in rows]), forward(rows))[1]
-        longest = max(len(ids) for ids in service.rm.encode(items))
+        rm = service.core.rm
+        forward = rm.forward
+        rm.forward = lambda rows: (passes.append([len(r) for r in rows]), forward(rows))[1]
+        longest = max(len(ids) for ids in rm.encode(items))
         service.config.batching.max_tokens = 2 * longest
         service.config.batching.max_batch_size = 64
         scored = await service.score(items)

@@ -1,12 +1,15 @@
-"""Dynamic batching of scoring requests, and the one thread that touches the model.
+"""Dynamic batching of scoring requests in front of the model runner (runner.py).
 
-Requests from gRPC and HTTP queue here; one asyncio task cuts FIFO batches by count and by wait time and runs each
-on a single model thread (which tokenizes the batch and cuts it further by a token budget: see
-RewardService._run_batch). Tokenizing there, not per request on the event loop, keeps the loop free for network
-I/O and lets the tokenizer work on whole batches. Updates and saves
-enter the same queue as exclusive jobs, so the model thread runs either a scoring batch or an update, never both:
-a score never sees half-updated weights, and because a request's items are queued together and the queue is
-FIFO, all items of one request come from the same model version.
+Requests from gRPC and HTTP queue here; one asyncio task cuts FIFO batches by count and by wait time and submits
+each to the runner, which tokenizes the batch and cuts it further by a token budget (RewardCore.score_batch).
+Tokenizing there, not per request on the event loop, keeps the loop free for network I/O and lets the tokenizer
+work on whole batches. Updates and saves enter the same queue as exclusive jobs. The runner runs what it is given
+one job at a time in submission order, so a score never sees half-updated weights, and because a request's items
+are queued together and the queue is FIFO, all items of one request come from the same model version.
+
+Pipelining: up to `max_inflight` jobs are submitted at once (default 2: one running, the next waiting at the
+model), so the model starts the next batch the moment it finishes one instead of idling through a round trip to
+this loop. A batch is still cut as late as possible: when a slot frees, from everything that has arrived.
 
 Admission control: at most `max_queue` items wait (beyond: QueueFull, with a retry hint); an item that waited
 longer than `queue_timeout_s` fails with QueueTimeout instead of being scored late; a request whose caller went
@@ -19,9 +22,9 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import prometheus_client
@@ -35,7 +38,9 @@ QUEUE_SECONDS = prometheus_client.Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 BATCH_SECONDS = prometheus_client.Histogram(
-    "cooper_reward_batch_seconds", "Time of one scoring batch on the model thread (tokenize and forward passes)",
+    "cooper_reward_batch_seconds",
+    "Time from submitting a scoring batch to the model until its logits are back (tokenize, forward passes, and "
+    "waiting behind the job submitted before it)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 BATCH_ITEMS = prometheus_client.Histogram(
@@ -61,8 +66,9 @@ class RequestTooLarge(Exception):
     """A request holds more items than the queue can ever admit."""
 
 
-# run_batch(items) -> (one result per item, in order; model version that produced them); runs on the model thread.
-RunBatch = Callable[[list[Any]], tuple[list[float], int]]
+# run_batch(items) submits a batch to the model *before it returns* (so that submission order is model order) and
+# gives an awaitable of (one logit per item, in order; the model version that produced them).
+RunBatch = Callable[[list[Any]], Awaitable[tuple[list[float], int]]]
 
 
 @dataclass(eq=False)
@@ -78,17 +84,18 @@ class _Request:
 
 @dataclass(eq=False)
 class _Exclusive:
-    fn: Callable[[], Any]
+    submit: Callable[[], Awaitable[Any]]  # like RunBatch: submits when called
     future: asyncio.Future[Any]
 
 
 class Batcher:
     """Start with `start()` inside the event loop; `submit` scores, `run_exclusive` runs a model job alone."""
 
-    def __init__(self, run_batch: RunBatch, config: BatchingConfig):
+    def __init__(self, run_batch: RunBatch, config: BatchingConfig, max_inflight: int = 2):
         self.run_batch = run_batch
         self.config = config
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-rm")
+        self._slots = asyncio.Semaphore(max_inflight)  # jobs submitted to the model and not yet answered
+        self._inflight: set[asyncio.Task[None]] = set()
         self._queue: deque[_Request | _Exclusive] = deque()
         self._queued_items = 0
         self._arrived = asyncio.Event()
@@ -107,7 +114,7 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="reward-batcher")
 
     async def stop(self) -> None:
-        """Fail what still waits, stop the loop, and wait for the model thread to finish its current job."""
+        """Fail what still waits, stop the loop, and wait for the jobs the model has to finish."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -115,8 +122,8 @@ class Batcher:
             job = self._queue.popleft()
             if not job.future.done():
                 job.future.set_exception(QueueTimeout("the reward service is shutting down"))
+        await asyncio.gather(*self._inflight, return_exceptions=True)
         self._queued_items = 0
-        await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown)
 
     async def submit(self, items: Sequence[Any]) -> tuple[list[float], int]:
         """Results of `items` in order, and the one model version that produced all of them."""
@@ -140,12 +147,13 @@ class Batcher:
         self._arrived.set()
         return await future
 
-    async def run_exclusive(self, fn: Callable[[], T]) -> T:
-        """Run fn on the model thread after every request queued before it, and before any queued after it."""
+    async def run_exclusive(self, submit: Callable[[], Awaitable[T]]) -> T:
+        """Submit a model job (submit() must submit it before returning) after every request queued before it,
+        and before any queued after it; its result."""
         if not self.running:
             raise QueueTimeout("the scoring loop is not running (the service is starting or stopping)")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Exclusive(fn, future))
+        self._queue.append(_Exclusive(submit, future))
         self._arrived.set()
         return await future
 
@@ -157,25 +165,52 @@ class Batcher:
     # ----- the loop -----
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             if not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            head = self._queue[0]
+            head = self._queue[0]  # only this loop removes jobs, so the head stays the head across awaits
             if isinstance(head, _Exclusive):
+                await self._slots.acquire()
                 self._queue.popleft()
-                await self._run_exclusive(loop, head)
+                self._start(self._run_exclusive(head, self._submitted(head.submit)))
                 continue
             await self._wait_for_batch(head)
+            await self._slots.acquire()
             batch = self._take_batch()
-            if batch:
-                await self._run_scoring(loop, batch)
+            if not batch:
+                self._slots.release()
+                continue
+            items = [request.items[index] for request, index in batch]
+            self._start(self._run_scoring(batch, time.perf_counter(), self._submitted(partial(self.run_batch, items))))
 
-    async def _run_exclusive(self, loop: asyncio.AbstractEventLoop, job: _Exclusive) -> None:
+    @staticmethod
+    def _submitted(submit: Callable[[], Awaitable[T]]) -> Awaitable[T]:
+        """submit() now, in queue order; an error raised while submitting is delivered through the awaitable."""
         try:
-            result = await loop.run_in_executor(self.executor, job.fn)
+            return submit()
+        except Exception as err:
+            failed: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            failed.set_exception(err)
+            return failed
+
+    def _start(self, job: Awaitable[None]) -> None:
+        """Await a submitted job in a task of its own; its slot is released when it is answered."""
+
+        async def run() -> None:
+            try:
+                await job
+            finally:
+                self._slots.release()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _run_exclusive(self, job: _Exclusive, pending: Awaitable[Any]) -> None:
+        try:
+            result = await pending
         except Exception as err:  # the caller gets the error; the loop keeps serving
             if not job.future.done():
                 job.future.set_exception(err)
@@ -238,11 +273,10 @@ class Batcher:
             ))
         return True
 
-    async def _run_scoring(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]) -> None:
-        items = [request.items[index] for request, index in batch]
-        start = time.perf_counter()
+    async def _run_scoring(self, batch: list[tuple[_Request, int]], start: float,
+                           pending: Awaitable[tuple[list[float], int]]) -> None:
         try:
-            logits, version = await loop.run_in_executor(self.executor, self.run_batch, items)
+            logits, version = await pending
         except Exception as err:
             self._finish(batch, error=err)
             return

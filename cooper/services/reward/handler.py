@@ -14,6 +14,7 @@ import prometheus_client
 from cooper.config import HttpConfig
 from cooper.services.reward import protocol
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.runner import ModelUnavailable
 from cooper.services.reward.service import RewardService, ScoreResult
 from cooper.services.reward.verify_rm import ScoreItem, sigmoid
 
@@ -65,6 +66,8 @@ class RewardHttpHandler:
             raise ApiError(503, "overloaded", str(err), retry_after_s=1) from None
         except RequestTooLarge as err:
             raise ApiError(413, "too_large", str(err)) from None
+        except ModelUnavailable as err:
+            raise ApiError(503, "model_unavailable", str(err)) from None
 
     async def score(self, request: protocol.ScoreRequest) -> protocol.ScoreResponse:
         self._check_limits([(i.question, i.reference, i.completion) for i in request.items])
@@ -90,7 +93,8 @@ class RewardHttpHandler:
         )
 
     def _completion(self, index: int, query: str, prompt: str) -> str:
-        pad = self.service.rm.tokenizer.pad_token
+        info = self.service.info()
+        pad = info.pad_token
         # OpenRLHF decodes left-padded sequences with special tokens kept: drop leading pads and trailing eos/pads.
         if pad and not query.startswith(prompt):
             while query.startswith(pad):
@@ -99,7 +103,7 @@ class RewardHttpHandler:
             raise ApiError(422, "invalid_request", f"query {index} does not start with prompts[{index}]; "
                            "send query = prompt + completion")
         completion = query[len(prompt) :]
-        for token in (self.service.rm.tokenizer.eos_token, pad):
+        for token in (info.eos_token, pad):
             while token and completion.endswith(token):
                 completion = completion[: -len(token)]
         return completion
@@ -110,12 +114,16 @@ class RewardHttpHandler:
                                       device=info.device, last_key=info.last_key, checkpoint=info.checkpoint)
 
     def health(self) -> protocol.StatusResponse:
-        return protocol.StatusResponse(status="ok", version=self.service.rm.version)
+        """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""
+        if not self.service.alive:
+            raise ApiError(503, "model_unavailable", "the reward model process has exited; restart the service")
+        return protocol.StatusResponse(status="ok", version=self.service.version)
 
     def readiness(self) -> protocol.StatusResponse:
         if not self.service.ready:
-            raise ApiError(503, "not_ready", "the reward model is not serving (starting or shutting down)", 1)
-        return protocol.StatusResponse(status="ready", version=self.service.rm.version)
+            raise ApiError(503, "not_ready", "the reward model is not serving (starting, shutting down, or its "
+                           "process has exited)", 1)
+        return protocol.StatusResponse(status="ready", version=self.service.version)
 
     def metrics(self) -> tuple[bytes, str]:
         return prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST

@@ -15,7 +15,9 @@ from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.server import GrpcService
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.core import UpdateResult
 from cooper.services.reward.http import HttpServer, create_app, start_http
+from cooper.services.reward.runner import ModelUnavailable, ProcessRunner
 from cooper.services.reward.service import RewardService, ScoreResult, idempotency_key
 from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
 
@@ -39,6 +41,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         except RequestTooLarge as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except ModelUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         assert result is not None
         return reward_pb2.ScoreResponse(
             scores=[reward_pb2.Score(score=s, logit=x) for s, x in zip(result.scores, result.logits, strict=True)],
@@ -47,7 +51,12 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
 
     async def Update(self, request: reward_pb2.UpdateRequest, context: grpc.aio.ServicerContext) -> reward_pb2.UpdateResponse:
         pairs = [PreferencePair(p.question, p.reference, p.positive, p.negative) for p in request.pairs]
-        result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
+        result: UpdateResult | None = None
+        try:
+            result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
+        except (QueueTimeout, ModelUnavailable) as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        assert result is not None
         return reward_pb2.UpdateResponse(
             loss=result.loss, grad_norm=result.grad_norm, pair_accuracy_before=result.pair_accuracy_before,
             pair_accuracy_after=result.pair_accuracy_after, version=result.version, skipped=result.skipped,
@@ -90,5 +99,7 @@ async def create_service(config: CooperConfig) -> GrpcService:
     grpc_service = GrpcService("reward", cfg.server, add_servicers, on_stop)
     if http is not None:
         grpc_service.ready_info["http_port"] = http.port
-    grpc_service.ready_info["version"] = service.rm.version
+    grpc_service.ready_info["version"] = service.version
+    if isinstance(service.runner, ProcessRunner):
+        grpc_service.ready_info["model_pid"] = service.runner.process.pid
     return grpc_service

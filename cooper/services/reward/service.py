@@ -1,28 +1,32 @@
-"""The reward service's core, shared by gRPC and HTTP: VerifyRM + batcher + versions + idempotency + checkpoints.
+"""The reward service, shared by gRPC and HTTP: the batcher in front of the model runner, plus metrics.
 
 No transport code here: `server.py` (gRPC) and `handler.py` (HTTP) translate their messages into these calls and
-these exceptions into status codes. Everything that touches the model runs on the batcher's single model thread.
+these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in a
+child process (runner.py); this object only queues, batches, records metrics and remembers the latest ModelInfo.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 import prometheus_client
-import torch
 
 from cooper.config import RewardConfig
-from cooper.services.reward import checkpoint
 from cooper.services.reward.batcher import Batcher
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, UpdateStats, VerifyRM, sigmoid
+from cooper.services.reward.core import (
+    BatchScores,
+    ModelInfo,
+    RewardCore,
+    SavedCheckpoint,
+    UpdateResult,
+    idempotency_key,
+)
+from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
+from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, sigmoid
 
-log = logging.getLogger("cooper.reward")
+__all__ = ["RewardService", "ScoreResult", "idempotency_key"]
 
 TOKENIZE_SECONDS = prometheus_client.Histogram(
     "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring batch",
@@ -35,8 +39,6 @@ MODEL_SECONDS = prometheus_client.Histogram(
 MODEL_VERSION = prometheus_client.Gauge("cooper_reward_model_version", "Current VerifyRM version")
 UPDATES = prometheus_client.Counter("cooper_reward_updates_total", "Update requests", ["outcome"])
 
-RECORDED_RESULTS = 64  # Update results kept for replay; the orchestrator only ever retries its latest steps
-
 
 @dataclass(frozen=True)
 class ScoreResult:
@@ -47,93 +49,76 @@ class ScoreResult:
     version: int
 
 
-UpdateResult = UpdateStats  # the service's name for it: what Update answers (recorded per key)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    model: str
-    version: int
-    parameters: int
-    device: str
-    last_key: str
-    checkpoint: str
-
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    path: str
-    version: int
-
-
-def idempotency_key(run_id: str, step: int) -> str | None:
-    """"<run_id>/<step>", or None (no idempotency) when run_id is empty."""
-    return f"{run_id}/{step}" if run_id else None
-
-
 class RewardService:
     """Build with `await RewardService.create(config)` (inside the event loop that will serve it)."""
 
-    def __init__(self, rm: VerifyRM, config: RewardConfig, state: dict[str, Any] | None = None,
-                 checkpoint_path: str = ""):
-        self.rm = rm
+    def __init__(self, runner: Runner, config: RewardConfig, info: ModelInfo):
+        self.runner = runner
         self.config = config
-        state = state or {}
-        self.updates: int = state.get("updates", 0)
-        self.last_key: str = state.get("last_key", "")
-        self._results: OrderedDict[str, UpdateResult] = OrderedDict(
-            (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
-        )
-        self.checkpoint_path = checkpoint_path
-        self._saved_state = (rm.version, self.updates) if checkpoint_path else None
-        self.batcher = Batcher(self._run_batch, config.batching)
+        self._info = info
+        self.batcher = Batcher(self._submit_batch, config.batching)
         self.stopping = False
-        MODEL_VERSION.set(rm.version)
+        MODEL_VERSION.set(info.version)
 
     @classmethod
     async def create(cls, config: RewardConfig) -> RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
-        service = await asyncio.to_thread(cls.load, config)
+        runner = await start_runner(config)
+        try:
+            info = await runner.submit("info")
+        except BaseException:
+            await runner.close()
+            raise
+        service = cls(runner, config, info)
         service.batcher.start()
         return service
 
-    @classmethod
-    def load(cls, config: RewardConfig) -> RewardService:
-        from cooper.tiny.models import resolve_model
+    @property
+    def core(self) -> RewardCore:
+        """The core itself, when it runs on a thread of this process (reward.model_process=false): for tests."""
+        if not isinstance(self.runner, ThreadRunner):
+            raise AttributeError("the reward core runs in a child process (reward.model_process=true)")
+        return self.runner.core
 
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
-        checkpoint.remove_partial(config.checkpoint_dir)
-        latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
-        source = str(latest) if latest else resolve_model(config.model, "reward")
-        rm = VerifyRM.load(source, config.optim, config.max_length, config.device, config.dtype)
-        rm.source = config.model
-        if latest is None:
-            log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
-            return cls(rm, config)
-        state = checkpoint.read_state(latest)
-        if state.get("model") != config.model:
-            log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
-                        latest, state.get("model"), config.model)
-        checkpoint.load_optimizer(rm, latest)
-        rm.version = state["version"]
-        log.info("reward model resumed from %s (version %d)", latest, rm.version)
-        return cls(rm, config, state, str(latest))
+    @property
+    def version(self) -> int:
+        return self._info.version
 
     @property
     def ready(self) -> bool:
-        return self.batcher.running and not self.stopping
+        return self.batcher.running and self.runner.alive and not self.stopping
+
+    @property
+    def alive(self) -> bool:
+        """False once the model process has died: the service cannot score again until it is restarted."""
+        return self.runner.alive
+
+    def info(self) -> ModelInfo:
+        return self._info
 
     # ----- scoring -----
 
-    def _run_batch(self, items: list[ScoreItem]) -> tuple[list[float], int]:
-        """On the model thread: logits of one batch and the version that produced them."""
-        start = time.perf_counter()
-        tokens = self.rm.encode(items)
-        TOKENIZE_SECONDS.observe(time.perf_counter() - start)
-        batching = self.config.batching
-        logits = self.rm.logits(tokens, batching.max_batch_size, batching.max_tokens, MODEL_SECONDS.observe)
-        return logits, self.rm.version
+    def _submit_batch(self, items: list[ScoreItem]) -> asyncio.Future[tuple[list[float], int]]:
+        """Submit now (the batcher's order is the model's order); record the batch's timings when it is back."""
+        pending = self.runner.submit("score_batch", items)
+        result: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
+
+        def done(future: asyncio.Future[BatchScores]) -> None:
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+            elif (error := future.exception()) is not None:
+                result.set_exception(error)
+            else:
+                scores = future.result()
+                TOKENIZE_SECONDS.observe(scores.tokenize_s)
+                for seconds in scores.forward_s:
+                    MODEL_SECONDS.observe(seconds)
+                result.set_result((scores.logits, scores.version))
+
+        pending.add_done_callback(done)
+        return result
 
     def reward(self, logit: float) -> float:
         probability = sigmoid(logit)
@@ -144,7 +129,7 @@ class RewardService:
     async def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
-            return ScoreResult([], [], self.rm.version)
+            return ScoreResult([], [], self.version)
         logits, version = await self.batcher.submit(items)
         return ScoreResult([self.reward(x) for x in logits], logits, version)
 
@@ -152,51 +137,28 @@ class RewardService:
 
     async def update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
         """One Bradley-Terry step over `pairs` -> version + 1; a key applied before returns its recorded result."""
-        return await self.batcher.run_exclusive(lambda: self._apply_update(key, list(pairs)))
-
-    def _apply_update(self, key: str | None, pairs: list[PreferencePair]) -> UpdateResult:
-        if key is not None and key in self._results:
-            UPDATES.labels("replayed").inc()
-            return replace(self._results[key], replayed=True)
-        stats = self.rm.update(pairs)
-        self.updates += 1
-        result = stats
-        if key is not None:
-            self.last_key = key
-            self._results[key] = result
-            while len(self._results) > RECORDED_RESULTS:
-                self._results.popitem(last=False)
-        UPDATES.labels("skipped" if stats.skipped else "applied").inc()
-        MODEL_VERSION.set(self.rm.version)
-        if not stats.skipped and self.config.save_every and self.rm.version % self.config.save_every == 0:
-            self._save("")
+        result: UpdateResult = await self.batcher.run_exclusive(
+            lambda: self.runner.submit("apply_update", key, list(pairs)))
+        UPDATES.labels("replayed" if result.replayed else "skipped" if result.skipped else "applied").inc()
+        await self._refresh_info()
         return result
 
     async def save(self, tag: str = "") -> SavedCheckpoint:
         """Write a checkpoint now (between batches and updates, so it holds one consistent state)."""
-        return await self.batcher.run_exclusive(lambda: self._save(tag))
+        saved: SavedCheckpoint = await self.batcher.run_exclusive(lambda: self.runner.submit("save", tag))
+        await self._refresh_info()
+        return saved
 
-    def _save(self, tag: str) -> SavedCheckpoint:
-        state = {
-            "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
-            "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
-        }
-        path = checkpoint.save_checkpoint(self.rm, self.config.checkpoint_dir, state, self.config.keep_checkpoints)
-        self.checkpoint_path = str(path)
-        self._saved_state = (self.rm.version, self.updates)
-        log.info("reward checkpoint written: %s", path)
-        return SavedCheckpoint(str(path), self.rm.version)
-
-    def info(self) -> ModelInfo:
-        device = str(self.rm.device)
-        return ModelInfo(self.config.model, self.rm.version, self.rm.parameters, device, self.last_key,
-                         self.checkpoint_path)
+    async def _refresh_info(self) -> None:
+        self._info = await self.runner.submit("info")
+        MODEL_VERSION.set(self._info.version)
 
     async def stop(self) -> None:
-        """Save unsaved updates (reward.save_on_stop), fail waiting requests, stop the model thread."""
+        """Save unsaved updates (reward.save_on_stop), fail waiting requests, stop the model runner."""
         self.stopping = True
         try:
-            if self.config.save_on_stop and self.updates and self._saved_state != (self.rm.version, self.updates):
-                await self.save("stop")
+            if self.config.save_on_stop and self.runner.alive:
+                await self.batcher.run_exclusive(lambda: self.runner.submit("save_if_unsaved", "stop"))
         finally:
             await self.batcher.stop()
+            await self.runner.close()

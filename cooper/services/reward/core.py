@@ -1,0 +1,149 @@
+"""The reward model's state and every operation on it, synchronous: VerifyRM + versions + idempotency + checkpoints.
+
+One RewardCore lives on one thread of one process (runner.py decides which: a thread of the serving process or a
+child process of its own), and runs one call at a time, in the order the calls were submitted. That order is the
+whole concurrency story: a scoring batch never sees half-updated weights because an update is just another call.
+No asyncio, Prometheus or transport here; timings and versions are returned for the caller to record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from cooper.config import RewardConfig
+from cooper.services.reward import checkpoint
+from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, UpdateStats, VerifyRM
+
+log = logging.getLogger("cooper.reward")
+
+RECORDED_RESULTS = 64  # Update results kept for replay; the orchestrator only ever retries its latest steps
+
+UpdateResult = UpdateStats  # the service's name for it: what Update answers (recorded per key)
+
+
+@dataclass(frozen=True)
+class BatchScores:
+    """Logits of one scoring batch, in item order, all from model `version`, with where the time went."""
+
+    logits: list[float]
+    version: int
+    tokenize_s: float
+    forward_s: list[float] = field(default_factory=list)  # one entry per forward pass
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    version: int
+    parameters: int
+    device: str
+    last_key: str
+    checkpoint: str
+    pad_token: str | None = None  # the tokenizer's, for protocols that send decoded text with special tokens
+    eos_token: str | None = None
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: str
+    version: int
+
+
+def idempotency_key(run_id: str, step: int) -> str | None:
+    """"<run_id>/<step>", or None (no idempotency) when run_id is empty."""
+    return f"{run_id}/{step}" if run_id else None
+
+
+class RewardCore:
+    """Build with `RewardCore.load(config)`; not thread-safe (see the module docstring)."""
+
+    def __init__(self, rm: VerifyRM, config: RewardConfig, state: dict[str, Any] | None = None,
+                 checkpoint_path: str = ""):
+        self.rm = rm
+        self.config = config
+        state = state or {}
+        self.updates: int = state.get("updates", 0)
+        self.last_key: str = state.get("last_key", "")
+        self._results: OrderedDict[str, UpdateResult] = OrderedDict(
+            (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
+        )
+        self.checkpoint_path = checkpoint_path
+        self._saved_state = (rm.version, self.updates) if checkpoint_path else None
+
+    @classmethod
+    def load(cls, config: RewardConfig) -> RewardCore:
+        """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0."""
+        from cooper.tiny.models import resolve_model
+
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        checkpoint.remove_partial(config.checkpoint_dir)
+        latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
+        source = str(latest) if latest else resolve_model(config.model, "reward")
+        rm = VerifyRM.load(source, config.optim, config.max_length, config.device, config.dtype)
+        rm.source = config.model
+        if latest is None:
+            log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
+            return cls(rm, config)
+        state = checkpoint.read_state(latest)
+        if state.get("model") != config.model:
+            log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
+                        latest, state.get("model"), config.model)
+        checkpoint.load_optimizer(rm, latest)
+        rm.version = state["version"]
+        log.info("reward model resumed from %s (version %d)", latest, rm.version)
+        return cls(rm, config, state, str(latest))
+
+    def score_batch(self, items: Sequence[ScoreItem]) -> BatchScores:
+        """Tokenize and score one batch, cut into forward passes by the batch size and the token budget."""
+        start = time.perf_counter()
+        tokens = self.rm.encode(items)
+        tokenize_s = time.perf_counter() - start
+        forward_s: list[float] = []
+        batching = self.config.batching
+        logits = self.rm.logits(tokens, batching.max_batch_size, batching.max_tokens, forward_s.append)
+        return BatchScores(logits, self.rm.version, tokenize_s, forward_s)
+
+    def apply_update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
+        """One Bradley-Terry step -> version + 1; a key applied before returns its recorded result, trains nothing."""
+        if key is not None and key in self._results:
+            return replace(self._results[key], replayed=True)
+        result = self.rm.update(list(pairs))
+        self.updates += 1
+        if key is not None:
+            self.last_key = key
+            self._results[key] = result
+            while len(self._results) > RECORDED_RESULTS:
+                self._results.popitem(last=False)
+        if not result.skipped and self.config.save_every and self.rm.version % self.config.save_every == 0:
+            self.save("")
+        return result
+
+    def save(self, tag: str = "") -> SavedCheckpoint:
+        state = {
+            "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
+            "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
+        }
+        path = checkpoint.save_checkpoint(self.rm, self.config.checkpoint_dir, state, self.config.keep_checkpoints)
+        self.checkpoint_path = str(path)
+        self._saved_state = (self.rm.version, self.updates)
+        log.info("reward checkpoint written: %s", path)
+        return SavedCheckpoint(str(path), self.rm.version)
+
+    def save_if_unsaved(self, tag: str) -> SavedCheckpoint | None:
+        """Save when updates were applied since the last checkpoint (or since start-up without one)."""
+        if self.updates and self._saved_state != (self.rm.version, self.updates):
+            return self.save(tag)
+        return None
+
+    def info(self) -> ModelInfo:
+        tokenizer = self.rm.tokenizer
+        return ModelInfo(self.config.model, self.rm.version, self.rm.parameters, str(self.rm.device), self.last_key,
+                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token)
