@@ -16,9 +16,15 @@ get the same client.
 Printed last, one JSON line: throughput (items/s) and p50/p99 request latency (ms) of both, "ratio" = service /
 naive throughput (and per round), the service's mean batch, the 1-minute load average at the end (the numbers
 mean little on a machine that other jobs keep busy), and the largest score and logit difference between the two
-servers on the same items.
+servers on the same items. Also what batching can give at most on this machine: the model's own time per item
+in this process, one at a time and in batches of 16 (tokenized beforehand, same thread count), and
+"ceiling_ratio" = the batched model's items/s over the naive server's measured items/s, the ratio a service would
+reach if HTTP, tokenizing and the client cost nothing and the model never waited. It is measured in a quiet
+process, so it is an upper bound: on the 2-vCPU cloud machine this was written on, busy work on one vCPU (the
+service's HTTP side, the client; measured with a tokenizer loop and with a second model) slowed the model's
+forward passes on the other by 1.3-1.8x.
 
-    python bench/reward_http.py [--items 2000] [--clients 32] [--rounds 3] [--threads 1] [--loop auto]
+    python bench/reward_http.py [--items 2000] [--clients 32] [--rounds 3] [--threads 1] [--loop auto] [--device cpu]
 """
 
 import argparse
@@ -67,8 +73,9 @@ def naive_server(port_file: str) -> None:
     from cooper.tiny.models import resolve_model
 
     path = resolve_model(os.environ.get("COOPER_BENCH_MODEL", "tiny"), "reward")
+    device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
     app = FastAPI()
 
     # (FastAPI reads the annotation `Request` below, so this module must not use postponed annotations.)
@@ -77,7 +84,7 @@ def naive_server(port_file: str) -> None:
     async def score(request: Request) -> dict:
         data = await request.json()
         texts = [format_input(i["question"], i["reference"], i["completion"]) for i in data["items"]]
-        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             logits = model(**batch).logits[:, 0].float()
         return {"scores": [{"score": torch.sigmoid(x).item(), "logit": x.item()} for x in logits]}
@@ -171,6 +178,28 @@ async def drive(port: int, items: list[dict[str, str]], clients: int, warmup: in
     }
 
 
+def model_ms_per_item(model: str, items: list[dict[str, str]], threads: int, device: str) -> dict[str, float]:
+    """The bare model's time per item (median of 3 passes), one item per forward and 16 per forward."""
+    import torch
+
+    from cooper.config import OptimConfig
+    from cooper.services.reward.verify_rm import ScoreItem, VerifyRM
+    from cooper.tiny.models import resolve_model
+
+    torch.set_num_threads(threads)
+    rm = VerifyRM.load(resolve_model(model, "reward"), OptimConfig(), device=device, dtype="float32")
+    tokens = rm.encode([ScoreItem(**item) for item in items])
+    result = {}
+    for name, batch_size, rows in (("single", 1, tokens[:300]), ("batch16", 16, tokens)):
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            rm.logits(rows, batch_size)
+            times.append((time.perf_counter() - start) / len(rows))
+        result[name] = 1000 * statistics.median(times)
+    return result
+
+
 def wait_for_file(path: Path, process: subprocess.Popen, what: str, timeout_s: float = 120) -> str:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -213,6 +242,8 @@ def main() -> None:
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")
+    parser.add_argument("--device", default="cpu",
+                        help="where both servers run the model (cpu, cuda, cuda:N); float32 on both either way")
     parser.add_argument("--naive-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server:
@@ -223,6 +254,7 @@ def main() -> None:
 
     resolve_model(args.model, "reward")  # build the model once, before either server starts
     os.environ["COOPER_BENCH_MODEL"] = args.model  # the naive server (a child process) loads the same one
+    os.environ["COOPER_BENCH_DEVICE"] = args.device
     items = make_items(args.items)
     runs: dict[str, list[dict]] = {"naive": [], "service": []}
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
@@ -233,7 +265,8 @@ def main() -> None:
             service, ready = start_server(
                 [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                  "--ready-file", str(service_ready), "reward.http.port=0", f"reward.checkpoint_dir={tmp}/ckpt",
-                 "reward.server.metrics_port=null", f"reward.model={args.model}"],
+                 "reward.server.metrics_port=null", f"reward.model={args.model}", f"reward.device={args.device}",
+                 "reward.dtype=float32"],
                 service_ready, "reward service", args.threads)
             try:
                 ports = {"naive": int(naive_port), "service": json.loads(ready)["http_port"]}
@@ -257,9 +290,10 @@ def main() -> None:
     logit_diff = max(abs(a - b) for n, s in zip(runs["naive"], runs["service"], strict=True)
                      for a, b in zip(n["logits"], s["logits"], strict=True))
     naive_tp, service_tp = median_of("naive", "throughput"), median_of("service", "throughput")
+    model_ms = model_ms_per_item(args.model, items, args.threads, args.device)  # after the servers stopped: a quiet process
     result = {
         "bench": "reward_http", "model": args.model, "items": args.items, "clients": args.clients, "items_per_request": 1,
-        "rounds": args.rounds, "threads": args.threads, "service_loop": args.loop, "cpu_count": os.cpu_count(),
+        "rounds": args.rounds, "threads": args.threads, "device": args.device, "service_loop": args.loop, "cpu_count": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "naive_items_per_s": round(naive_tp, 1), "service_items_per_s": round(service_tp, 1),
         "naive_p50_ms": round(median_of("naive", "p50_ms"), 2), "naive_p99_ms": round(median_of("naive", "p99_ms"), 2),
@@ -269,6 +303,9 @@ def main() -> None:
         "ratio_per_round": [round(s["throughput"] / n["throughput"], 2)
                             for n, s in zip(runs["naive"], runs["service"], strict=True)],
         "service_mean_batch": round(median_of("service", "mean_batch"), 1),
+        "model_ms_per_item_single": round(model_ms["single"], 3),
+        "model_ms_per_item_batch16": round(model_ms["batch16"], 3),
+        "ceiling_ratio": round(1000 / model_ms["batch16"] / naive_tp, 2),
         "max_score_diff": score_diff, "max_logit_diff": logit_diff,
     }
     print(json.dumps(result))

@@ -179,8 +179,9 @@ class RewardConfig(StrictModel):
     discrete: bool = False
     """Reward = 1[sigmoid(logit) > 0.5] instead of sigmoid(logit)."""
     model_process: bool = True
-    """Run VerifyRM (tokenizer, forward passes, updates, checkpoints) in a child process of its own, so that the
-    HTTP and gRPC servers never compete with it for the GIL; False runs it on a thread of the serving process."""
+    """Run VerifyRM (forward passes, updates, checkpoints) in a child process of its own, so that the HTTP and gRPC
+    servers (which also tokenize requests) never compete with it for the GIL; False runs it on a thread of the
+    serving process."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)

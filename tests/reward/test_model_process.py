@@ -20,7 +20,7 @@ def test_process_scores_equal_the_in_process_core_and_order_holds(tmp_path: Path
     items = tiny_items(8)
     pairs = tiny_pairs(4)
     core = RewardCore.load(make_config(tmp_path / "local"))  # the same model, on this thread
-    expected = core.score_batch(items).logits
+    expected = core.score_tokens(core.rm.encode(items)).logits
 
     async def main() -> list[float]:
         service = await RewardService.create(make_config(tmp_path, model_process=True))
@@ -43,7 +43,7 @@ def test_process_scores_equal_the_in_process_core_and_order_holds(tmp_path: Path
     # The same two updates on the in-process core give the same model as the child's.
     core.apply_update("run/0", pairs)
     core.apply_update("run/1", pairs)
-    after = core.score_batch(items)
+    after = core.score_tokens(core.rm.encode(items))
     assert after.version == 2
     assert max(abs(x - y) for x, y in zip(after.logits, served_after_two_updates, strict=True)) <= 1e-5
 
@@ -52,7 +52,7 @@ def test_an_error_in_the_child_reaches_its_caller_and_the_child_keeps_serving(tm
     async def main() -> None:
         service = await RewardService.create(make_config(tmp_path, model_process=True))
         with pytest.raises(AttributeError, match="question"):
-            await service.runner.submit("score_batch", ["not an item"])
+            await service.runner.submit("apply_update", None, ["not a pair"])
         with pytest.raises(AttributeError):
             await service.runner.submit("no_such_method")
         assert len((await service.score(tiny_items(3))).logits) == 3

@@ -67,7 +67,7 @@ def test_special_tokens_in_text_are_plain_text(rm: VerifyRM) -> None:
 
 
 def test_long_input_keeps_question_and_end_of_completion(rm: VerifyRM) -> None:
-    rm.max_length = 64
+    rm.encoder.max_length = 64
     completion = "filler words here. " * 40 + "The answer is \\boxed{42}."
     [ids] = rm.encode([ScoreItem("What is 6*7?", "42", completion)])
     text = rm.tokenizer.decode(ids)

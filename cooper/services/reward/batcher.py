@@ -1,11 +1,11 @@
 """Dynamic batching of scoring requests in front of the model runner (runner.py).
 
-Requests from gRPC and HTTP queue here; one asyncio task cuts FIFO batches by count and by wait time and submits
-each to the runner, which tokenizes the batch and cuts it further by a token budget (RewardCore.score_batch).
-Tokenizing there, not per request on the event loop, keeps the loop free for network I/O and lets the tokenizer
-work on whole batches. Updates and saves enter the same queue as exclusive jobs. The runner runs what it is given
-one job at a time in submission order, so a score never sees half-updated weights, and because a request's items
-are queued together and the queue is FIFO, all items of one request come from the same model version.
+Requests from gRPC and HTTP queue here (as token ids: the service tokenizes each request on arrival); one asyncio
+task cuts FIFO batches by count and by wait time and submits each to the runner, which cuts it further into
+forward passes by a token budget (RewardCore.score_tokens). Updates and saves enter the same queue as exclusive
+jobs. The runner runs what it is given one job at a time in submission order, so a score never sees half-updated
+weights, and because a request's items are queued together and the queue is FIFO, all items of one request come
+from the same model version.
 
 Pipelining: up to `max_inflight` jobs are submitted at once (default 2: one running, the next waiting at the
 model), so the model starts the next batch the moment it finishes one instead of idling through a round trip to
@@ -39,7 +39,7 @@ QUEUE_SECONDS = prometheus_client.Histogram(
 )
 BATCH_SECONDS = prometheus_client.Histogram(
     "cooper_reward_batch_seconds",
-    "Time from submitting a scoring batch to the model until its logits are back (tokenize, forward passes, and "
+    "Time from submitting a scoring batch to the model until its logits are back (forward passes, and "
     "waiting behind the job submitted before it)",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )

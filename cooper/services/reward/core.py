@@ -9,7 +9,6 @@ No asyncio, Prometheus or transport here; timings and versions are returned for 
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -19,7 +18,7 @@ import torch
 
 from cooper.config import RewardConfig
 from cooper.services.reward import checkpoint
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, UpdateStats, VerifyRM
+from cooper.services.reward.verify_rm import PreferencePair, UpdateStats, VerifyRM
 
 log = logging.getLogger("cooper.reward")
 
@@ -30,12 +29,11 @@ UpdateResult = UpdateStats  # the service's name for it: what Update answers (re
 
 @dataclass(frozen=True)
 class BatchScores:
-    """Logits of one scoring batch, in item order, all from model `version`, with where the time went."""
+    """Logits of one scoring batch, in item order, all from model `version`, and the time of each forward pass."""
 
     logits: list[float]
     version: int
-    tokenize_s: float
-    forward_s: list[float] = field(default_factory=list)  # one entry per forward pass
+    forward_s: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -48,6 +46,7 @@ class ModelInfo:
     checkpoint: str
     pad_token: str | None = None  # the tokenizer's, for protocols that send decoded text with special tokens
     eos_token: str | None = None
+    tokenizer_source: str = ""  # where the serving process loads the same tokenizer from
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,7 @@ class RewardCore:
             (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
         )
         self.checkpoint_path = checkpoint_path
+        self.tokenizer_source = checkpoint_path or rm.source
         self._saved_state = (rm.version, self.updates) if checkpoint_path else None
 
     @classmethod
@@ -88,7 +88,6 @@ class RewardCore:
         latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
         source = str(latest) if latest else resolve_model(config.model, "reward")
         rm = VerifyRM.load(source, config.optim, config.max_length, config.device, config.dtype)
-        rm.source = config.model
         if latest is None:
             log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
             return cls(rm, config)
@@ -101,15 +100,13 @@ class RewardCore:
         log.info("reward model resumed from %s (version %d)", latest, rm.version)
         return cls(rm, config, state, str(latest))
 
-    def score_batch(self, items: Sequence[ScoreItem]) -> BatchScores:
-        """Tokenize and score one batch, cut into forward passes by the batch size and the token budget."""
-        start = time.perf_counter()
-        tokens = self.rm.encode(items)
-        tokenize_s = time.perf_counter() - start
+    def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
+        """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the
+        token budget."""
         forward_s: list[float] = []
         batching = self.config.batching
-        logits = self.rm.logits(tokens, batching.max_batch_size, batching.max_tokens, forward_s.append)
-        return BatchScores(logits, self.rm.version, tokenize_s, forward_s)
+        logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
+        return BatchScores(logits, self.rm.version, forward_s)
 
     def apply_update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
         """One Bradley-Terry step -> version + 1; a key applied before returns its recorded result, trains nothing."""
@@ -146,4 +143,4 @@ class RewardCore:
     def info(self) -> ModelInfo:
         tokenizer = self.rm.tokenizer
         return ModelInfo(self.config.model, self.rm.version, self.rm.parameters, str(self.rm.device), self.last_key,
-                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token)
+                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token, self.tokenizer_source)

@@ -1,13 +1,16 @@
-"""The reward service, shared by gRPC and HTTP: the batcher in front of the model runner, plus metrics.
+"""The reward service, shared by gRPC and HTTP: tokenizing, the batcher in front of the model runner, metrics.
 
 No transport code here: `server.py` (gRPC) and `handler.py` (HTTP) translate their messages into these calls and
 these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in a
-child process (runner.py); this object only queues, batches, records metrics and remembers the latest ModelInfo.
+child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so
+that the model's process only runs forward passes), queues and batches token ids, records metrics and remembers
+the latest ModelInfo.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,18 +27,22 @@ from cooper.services.reward.core import (
     idempotency_key,
 )
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, sigmoid
+from cooper.services.reward.verify_rm import Encoder, PreferencePair, ScoreItem, sigmoid
 
 __all__ = ["RewardService", "ScoreResult", "idempotency_key"]
 
 TOKENIZE_SECONDS = prometheus_client.Histogram(
-    "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring batch",
+    "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring request",
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1),
 )
 MODEL_SECONDS = prometheus_client.Histogram(
     "cooper_reward_model_seconds", "Time of one scoring forward pass",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+# Requests with more text than this are tokenized on a worker thread (the tokenizer releases the GIL); smaller ones,
+# the usual single item, inline on the event loop, where they cost less than the thread hop would.
+INLINE_TOKENIZE_CHARS = 16_000
+
 MODEL_VERSION = prometheus_client.Gauge("cooper_reward_model_version", "Current VerifyRM version")
 UPDATES = prometheus_client.Counter("cooper_reward_updates_total", "Update requests", ["outcome"])
 
@@ -52,9 +59,10 @@ class ScoreResult:
 class RewardService:
     """Build with `await RewardService.create(config)` (inside the event loop that will serve it)."""
 
-    def __init__(self, runner: Runner, config: RewardConfig, info: ModelInfo):
+    def __init__(self, runner: Runner, config: RewardConfig, info: ModelInfo, encoder: Encoder):
         self.runner = runner
         self.config = config
+        self.encoder = encoder
         self._info = info
         self.batcher = Batcher(self._submit_batch, config.batching)
         self.stopping = False
@@ -65,11 +73,15 @@ class RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
         runner = await start_runner(config)
         try:
-            info = await runner.submit("info")
+            info: ModelInfo = await runner.submit("info")
+            if isinstance(runner, ThreadRunner):
+                encoder = runner.core.rm.encoder
+            else:
+                encoder = await asyncio.to_thread(Encoder.load, info.tokenizer_source, config.max_length)
         except BaseException:
             await runner.close()
             raise
-        service = cls(runner, config, info)
+        service = cls(runner, config, info, encoder)
         service.batcher.start()
         return service
 
@@ -98,9 +110,9 @@ class RewardService:
 
     # ----- scoring -----
 
-    def _submit_batch(self, items: list[ScoreItem]) -> asyncio.Future[tuple[list[float], int]]:
+    def _submit_batch(self, token_lists: list[list[int]]) -> asyncio.Future[tuple[list[float], int]]:
         """Submit now (the batcher's order is the model's order); record the batch's timings when it is back."""
-        pending = self.runner.submit("score_batch", items)
+        pending = self.runner.submit("score_tokens", token_lists)
         result: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
 
         def done(future: asyncio.Future[BatchScores]) -> None:
@@ -112,7 +124,6 @@ class RewardService:
                 result.set_exception(error)
             else:
                 scores = future.result()
-                TOKENIZE_SECONDS.observe(scores.tokenize_s)
                 for seconds in scores.forward_s:
                     MODEL_SECONDS.observe(seconds)
                 result.set_result((scores.logits, scores.version))
@@ -130,8 +141,17 @@ class RewardService:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
             return ScoreResult([], [], self.version)
-        logits, version = await self.batcher.submit(items)
+        logits, version = await self.batcher.submit(await self._encode(items))
         return ScoreResult([self.reward(x) for x in logits], logits, version)
+
+    async def _encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
+        start = time.perf_counter()
+        if sum(len(i.question) + len(i.reference) + len(i.completion) for i in items) <= INLINE_TOKENIZE_CHARS:
+            tokens = self.encoder.encode(items)
+        else:
+            tokens = await asyncio.to_thread(self.encoder.encode, items)
+        TOKENIZE_SECONDS.observe(time.perf_counter() - start)
+        return tokens
 
     # ----- updates and checkpoints -----
 

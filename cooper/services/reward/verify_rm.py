@@ -127,14 +127,49 @@ def sigmoid(logit: float) -> float:
     return z / (1.0 + z)
 
 
+class Encoder:
+    """Items -> token ids of the DESIGN.md template, at most max_length each. Thread-safe (one call at a time), and
+    light: the serving process tokenizes requests with its own Encoder while the model works in another process."""
+
+    def __init__(self, tokenizer: Any, max_length: int):
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self._lock = threading.Lock()  # fast tokenizers refuse concurrent use from two threads
+
+    @classmethod
+    def load(cls, source: str, max_length: int) -> Encoder:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(source), max_length)
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        with self._lock:
+            return self.tokenizer(texts, split_special_tokens=True)["input_ids"]
+
+    def encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
+        """Token ids of the template, at most max_length each (the completion loses its start first)."""
+        ids = self._encode([format_input(i.question, i.reference, i.completion) for i in items])
+        return [x if len(x) <= self.max_length else self._encode_long(item) for x, item in zip(ids, items, strict=True)]
+
+    def _encode_long(self, item: ScoreItem) -> list[int]:
+        # Rare path: tokenize the parts apart and cut the start of the completion, where nothing is decided.
+        head = format_input(item.question, item.reference, "").removesuffix("</completion>")
+        tail = truncate_middle(item.completion) + "</completion>"
+        head_ids, tail_ids = self._encode([head, tail])
+        room = self.max_length - len(head_ids)
+        if room <= 0:
+            return (head_ids + tail_ids)[-self.max_length :]
+        return head_ids + tail_ids[-room:]
+
+
 class VerifyRM:
     """The model, its tokenizer and its optimizer. Not thread-safe: the service runs it on one thread."""
 
     def __init__(self, model: Any, tokenizer: Any, optim: OptimConfig, max_length: int, source: str = ""):
         self.model = model.eval()  # eval also while training: dropout off, as usual for reward models
         self.tokenizer = tokenizer
+        self.encoder = Encoder(tokenizer, max_length)
         self.optim_config = optim
-        self.max_length = max_length
         self.source = source
         self.version = 0
         self.device = next(model.parameters()).device
@@ -154,7 +189,6 @@ class VerifyRM:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
         )
-        self._tokenizer_lock = threading.Lock()  # fast tokenizers refuse concurrent use from two threads
 
     @classmethod
     def load(
@@ -179,24 +213,9 @@ class VerifyRM:
 
     # ----- tokens -----
 
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        with self._tokenizer_lock:
-            return self.tokenizer(texts, split_special_tokens=True)["input_ids"]
-
     def encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
-        """Token ids of the template, at most max_length each (the completion loses its start first)."""
-        ids = self._encode([format_input(i.question, i.reference, i.completion) for i in items])
-        return [x if len(x) <= self.max_length else self._encode_long(item) for x, item in zip(ids, items, strict=True)]
-
-    def _encode_long(self, item: ScoreItem) -> list[int]:
-        # Rare path: tokenize the parts apart and cut the start of the completion, where nothing is decided.
-        head = format_input(item.question, item.reference, "").removesuffix("</completion>")
-        tail = truncate_middle(item.completion) + "</completion>"
-        head_ids, tail_ids = self._encode([head, tail])
-        room = self.max_length - len(head_ids)
-        if room <= 0:
-            return (head_ids + tail_ids)[-self.max_length :]
-        return head_ids + tail_ids[-room:]
+        """Token ids of the template, at most max_length each (see Encoder)."""
+        return self.encoder.encode(items)
 
     def _batch(self, token_lists: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         longest = max(len(x) for x in token_lists)
