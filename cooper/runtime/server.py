@@ -98,6 +98,9 @@ class GrpcService:
         self.metrics_port: int | None = None
         self.ready_info: dict[str, Any] = {}
         """Extra facts for the ready file, e.g. the reward service's HTTP port."""
+        self.failure: str | None = None
+        """Why the service stopped itself (see fail()); None while healthy or after a signal."""
+        self._stop_requested = asyncio.Event()
 
     async def start(self) -> int:
         # Connections are recycled every minute so that clients re-resolve DNS and spread over new replicas
@@ -134,14 +137,22 @@ class GrpcService:
             await self._on_stop()
         log.info("%s stopped", self.name)
 
+    def fail(self, reason: str) -> None:
+        """The service cannot serve any more (e.g. a process it depends on died): stop as on SIGTERM, and exit
+        non-zero, so that a supervisor (Kubernetes, compose's restart policy, the local orchestrator) restarts it."""
+        if self.failure is None:
+            log.error("%s: %s; stopping", self.name, reason)
+            self.failure = reason
+        self._stop_requested.set()
+
     async def wait_for_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        """Serve until SIGTERM or SIGINT (or fail()), then stop gracefully."""
         loop = asyncio.get_running_loop()
-        signalled = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, signalled.set)
-        await signalled.wait()
-        log.info("%s: signal received, draining for up to %.1f s", self.name, self.config.grace_s)
+            loop.add_signal_handler(sig, self._stop_requested.set)
+        await self._stop_requested.wait()
+        if self.failure is None:
+            log.info("%s: signal received, draining for up to %.1f s", self.name, self.config.grace_s)
         await self.stop()
 
     def write_ready_file(self, path: str | os.PathLike[str], **extra: Any) -> None:
@@ -158,19 +169,20 @@ class GrpcService:
 def run_service(
     create_service: Callable[[Any], Awaitable[GrpcService]], config: Any, ready_file: str | None = None
 ) -> int:
-    """Entry point of `cooper serve NAME`: build the service, serve until SIGTERM/SIGINT, drain, exit 0."""
+    """Entry point of `cooper serve NAME`: build the service, serve until SIGTERM/SIGINT, drain; exit 0, or 1 when
+    the service stopped itself because it could not serve (GrpcService.fail)."""
 
-    async def main() -> None:
+    async def main() -> int:
         service = await create_service(config)
         await service.start()
         if ready_file:
             service.write_ready_file(ready_file)
         await service.wait_for_signal()
+        return 0 if service.failure is None else 1
 
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main())
-    else:  # faster I/O, above all for the reward service's embedded uvicorn; grpc.aio runs on it
-        uvloop.run(main())
-    return 0
+        return asyncio.run(main())
+    # faster I/O, above all for the reward service's embedded uvicorn; grpc.aio runs on it
+    return uvloop.run(main())

@@ -87,3 +87,13 @@ def test_killing_the_server_takes_its_model_process_with_it(tmp_path: Path) -> N
     while running(model_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not running(model_pid), "the model process outlived the server"
+
+
+def test_the_server_exits_non_zero_when_its_model_process_dies(tmp_path: Path) -> None:
+    process, ready = serve(tmp_path, "orphaned")
+    try:
+        os.kill(ready["model_pid"], signal.SIGKILL)  # e.g. the kernel's OOM killer
+        assert process.wait(timeout=60) == 1  # a supervisor restarts it from its latest checkpoint
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -47,6 +47,7 @@ class ModelUnavailable(Exception):
 
 class Runner(Protocol):
     alive: bool
+    on_exit: Callable[[], None] | None  # called on the event loop if the model dies while serving
 
     def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
         """Run core.<method>(*args) after everything submitted before; the future has its result or error."""
@@ -63,6 +64,7 @@ class ThreadRunner:
     def __init__(self, core: RewardCore):
         self.core = core
         self.alive = True
+        self.on_exit: Callable[[], None] | None = None  # a thread does not die on its own
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-rm")
 
     @classmethod
@@ -88,6 +90,7 @@ class ProcessRunner:
                  loop: asyncio.AbstractEventLoop):
         self.process = process
         self.alive = True
+        self.on_exit: Callable[[], None] | None = None
         self._connection = connection
         self._loop = loop
         self._ids = itertools.count()
@@ -137,8 +140,7 @@ class ProcessRunner:
 
     async def close(self) -> None:
         self._closing = True
-        if self.alive:
-            self._outbox.put(None)
+        self._outbox.put(None)  # the sender passes it on to the child (if alive) and ends
         await asyncio.to_thread(self._join)
 
     def _join(self) -> None:
@@ -171,8 +173,11 @@ class ProcessRunner:
             self._resolve(call_id, ok, value)
         self.alive = False
         if not self._closing:
+            self.process.join(5)
             log.error("the reward model process exited (code %s); scoring and updates fail until a restart",
                       self.process.exitcode)
+            if self.on_exit is not None:
+                self._loop.call_soon_threadsafe(self.on_exit)
         with self._lock:
             pending, self._pending = self._pending, {}
         error = ModelUnavailable(f"the reward model process exited (code {self.process.exitcode}) before answering")

@@ -102,4 +102,7 @@ async def create_service(config: CooperConfig) -> GrpcService:
     grpc_service.ready_info["version"] = service.version
     if isinstance(service.runner, ProcessRunner):
         grpc_service.ready_info["model_pid"] = service.runner.process.pid
+        # Without its model the service is useless: stop and exit non-zero, so that the supervisor restarts it from
+        # the latest checkpoint (the gRPC health probe alone would keep answering SERVING).
+        service.runner.on_exit = lambda: grpc_service.fail("the reward model process exited")
     return grpc_service
