@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cooper.annotation import AnnotationInputError
 from cooper.config import ConfigError, CooperConfig, load_config, to_yaml
 
 # Each service module defines `async def create_service(config) -> cooper.runtime.server.GrpcService`.
@@ -83,6 +84,58 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+ANNOTATE_EPILOG = """\
+Hybrid annotation (DESIGN.md section 1): the rule verifier and the generator's LLM judge each label every triple,
+and only the triples they agree on are written, with "label" (true = correct) and both verdicts. The verifier and
+the generator start locally unless <service>.server.address names running ones; the judge is
+generator.assistant (e.g. backend=openai with base_url, or backend=vllm with a model). Input: JSON Lines with
+"question", "reference" (or "answer") and "completion". Prints counts, then one JSON line.
+Examples:
+  cooper annotate triples.jsonl -o labelled.jsonl generator.assistant.backend=openai \\
+      generator.assistant.base_url=http://localhost:8001/v1 generator.assistant.model_name=Qwen2.5-7B-Instruct
+  cooper pretrain-rm labelled.jsonl -o models/verify-rm reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
+  cooper train --config configs/qwen2.5-1.5b-cooper.yaml reward.model=models/verify-rm
+"""
+
+
+def _annotate(args: argparse.Namespace) -> int:
+    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
+    if args.check_config:
+        print(to_yaml(config), end="")
+        return 0
+    import json
+    from dataclasses import asdict
+
+    from cooper.annotation import run_annotation
+
+    stats = run_annotation(config, args.input, args.output, args.chunk_size, progress=not args.no_progress)
+    print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled}, the judge {stats.judge_labelled}; "
+          f"they agreed on {stats.agreed} ({stats.kept_correct} correct, {stats.kept_incorrect} incorrect) and "
+          f"disagreed on {stats.disagreed}; {stats.agreed} written to {args.output}")
+    print(json.dumps({"input": args.input, "output": args.output, **asdict(stats)}))
+    return 0
+
+
+def _pretrain_rm(args: argparse.Namespace) -> int:
+    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
+    if args.check_config:
+        print(to_yaml(config), end="")
+        return 0
+    import json
+
+    from cooper.annotation import pretrain_reward_model, read_labelled
+
+    if not 0 <= args.holdout < 1:
+        raise ConfigError(f"--holdout is a share of the triples in [0, 1); got {args.holdout}")
+    result = pretrain_reward_model(config.reward, read_labelled(args.input), args.output, args.epochs, args.lr,
+                                   args.batch_size, args.holdout, args.seed)
+    print(f"VerifyRM from {result['model']} trained on {result['train']} triples, saved to {result['output']}; "
+          f"held-out accuracy {result['heldout_accuracy_before']} -> {result['heldout_accuracy_after']}. "
+          f"Use it with reward.model={result['output']}")
+    print(json.dumps(result))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cooper",
@@ -124,6 +177,32 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
     experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
     experiment.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=20 run.seed=1")
+
+    annotate = sub.add_parser(
+        "annotate", help="label triples with the verifier and an LLM judge; keep those they agree on",
+        epilog=ANNOTATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    annotate.add_argument("input", help="JSON Lines: question, reference (or answer), completion")
+    annotate.add_argument("-o", "--output", required=True, help="where the kept triples go (JSON Lines)")
+    annotate.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
+    annotate.add_argument("--chunk-size", type=int, default=64, help="triples per verifier and judge call")
+    annotate.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
+    annotate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    annotate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.assistant.backend=openai")
+
+    pretrain = sub.add_parser(
+        "pretrain-rm", help="train the initial VerifyRM (BCE) on labelled triples and save it as a model directory",
+        epilog=ANNOTATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pretrain.add_argument("input", help="JSON Lines with question, reference, completion and a boolean label")
+    pretrain.add_argument("-o", "--output", required=True, help="model directory to write (reward.model can name it)")
+    pretrain.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny); the base "
+                          "model is reward.model")
+    pretrain.add_argument("--epochs", type=int, default=3, help="passes over the triples (paper: 3)")
+    pretrain.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (paper: 2e-5)")
+    pretrain.add_argument("--batch-size", type=int, default=16, help="triples per optimizer step")
+    pretrain.add_argument("--holdout", type=float, default=0.05, help="share held out to report accuracy (0: none)")
+    pretrain.add_argument("--seed", type=int, default=0, help="shuffles the triples and picks the held-out share")
+    pretrain.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
+    pretrain.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reward.model=Qwen/Qwen2.5-Math-1.5B")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
     show.add_argument("--config", help="YAML config file")
@@ -168,10 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "experiment":
             return _experiment(args)
+        if args.command == "annotate":
+            return _annotate(args)
+        if args.command == "pretrain-rm":
+            return _pretrain_rm(args)
         if args.command == "config":
             print(to_yaml(_load(args)), end="")
             return 0
-    except ConfigError as err:
+    except (ConfigError, AnnotationInputError) as err:
         print(f"cooper: {err}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError, ValueError) as err:  # missing files, services that fail to start, failed jobs

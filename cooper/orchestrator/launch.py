@@ -39,7 +39,7 @@ def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
     return out
 
 
-def _write_configs(config: CooperConfig, run_dir: Path) -> Path:
+def write_configs(config: CooperConfig, run_dir: Path) -> Path:
     resolved = run_dir / RESOLVED
     data = config.model_dump(mode="python")
 
@@ -79,7 +79,7 @@ def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig,
         raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_id} or pick run.name")
     run_dir.mkdir(parents=True, exist_ok=True)
     config = with_overrides(config, [f"run.name={run_id}", *local_overrides(config, run_dir.resolve())])
-    return config, run_id, run_dir, _write_configs(config, run_dir)
+    return config, run_id, run_dir, write_configs(config, run_dir)
 
 
 def prepare_models(config: CooperConfig) -> None:

@@ -9,6 +9,7 @@ outlives a killed orchestrator, so `cooper train --resume` finds the run's state
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,10 @@ def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
 class LocalServices:
     """Context manager: start what the run needs, expose `addresses`, stop it all on exit."""
 
-    def __init__(self, config: CooperConfig, config_path: Path, run_dir: Path):
+    def __init__(self, config: CooperConfig, config_path: Path, run_dir: Path, names: Sequence[str] | None = None):
+        """`names`: the services to provide; by default those config.run.mode needs."""
         self.config, self.config_path, self.run_dir = config, config_path, run_dir
+        self.names = list(names) if names is not None else services_needed(config.run.mode)
         self.started: list[ServiceProcess] = []
         self.addresses: dict[str, str] = {}
 
@@ -61,7 +64,7 @@ class LocalServices:
         self.stop()
 
     def _start(self) -> None:
-        needed = services_needed(self.config.run.mode)
+        needed = self.names
         for name in needed:
             address = getattr(self.config, name).server.address
             if address:

@@ -1,0 +1,267 @@
+"""Hybrid annotation and VerifyRM pre-training (DESIGN.md section 1): how the first VerifyRM is made.
+
+The rule verifier and an LLM judge each label every (question, reference, completion) triple; a triple is kept,
+with that label, only when both give one and they agree (paper: 65K triples -> 58.7K). The kept triples train the
+initial VerifyRM with BCE (paper: lr 2e-5, 3 epochs), which `reward.model` then names.
+
+`annotate` is a pure loop over two labelling functions (the CLI passes gRPC calls to the verifier and the
+generator's Judge); files are JSON Lines: in, `question`, `reference` (or `answer`) and `completion` per line; out,
+the kept triples with `label` (true = correct) and both verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cooper.config import RewardConfig
+
+# verdict names as the services send them (cooper.verifier.v1.Verdict, cooper.generator.v1.Judgment)
+VERIFIER_LABELS = {"CORRECT": True, "INCORRECT": False}  # NO_ANSWER, TIMEOUT, ERROR: no label
+JUDGE_LABELS = {"YES": True, "NO": False}  # UNKNOWN: no label
+
+
+class AnnotationInputError(ValueError):
+    """A line of an input file that is not a usable triple; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Triple:
+    question: str
+    reference: str
+    completion: str
+
+
+@dataclass(frozen=True)
+class Annotated:
+    triple: Triple
+    verifier: str
+    judge: str
+
+    @property
+    def label(self) -> bool | None:
+        return agreed_label(self.verifier, self.judge)
+
+
+@dataclass
+class AnnotationStats:
+    total: int = 0
+    verifier_labelled: int = 0
+    judge_labelled: int = 0
+    agreed: int = 0
+    disagreed: int = 0  # both labelled, differently
+    kept_correct: int = 0
+    kept_incorrect: int = 0
+
+
+def agreed_label(verifier: str, judge: str) -> bool | None:
+    """True or False when the verifier and the judge both label the triple and agree; None otherwise."""
+    by_verifier, by_judge = VERIFIER_LABELS.get(verifier), JUDGE_LABELS.get(judge)
+    if by_verifier is None or by_judge is None or by_verifier != by_judge:
+        return None
+    return by_verifier
+
+
+def _read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise AnnotationInputError(f"{path}:{number}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise AnnotationInputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+            rows.append((number, row))
+    return rows
+
+
+def _text(path: str | Path, number: int, row: dict[str, Any], *names: str) -> str:
+    for name in names:
+        if name in row:
+            if not isinstance(row[name], str):
+                raise AnnotationInputError(f"{path}:{number}: {name!r} must be a string")
+            return row[name]
+    raise AnnotationInputError(f"{path}:{number}: missing {' or '.join(repr(n) for n in names)}")
+
+
+def read_triples(path: str | Path) -> list[Triple]:
+    """`question`, `reference` (or `answer`) and `completion` per line."""
+    triples = [Triple(_text(path, n, row, "question"), _text(path, n, row, "reference", "answer"),
+                      _text(path, n, row, "completion")) for n, row in _read_jsonl(path)]
+    if not triples:
+        raise AnnotationInputError(f"{path}: no triples in the file")
+    return triples
+
+
+def read_labelled(path: str | Path) -> list[tuple[Triple, bool]]:
+    """What annotate wrote (or any file with the triple's fields and a boolean `label`)."""
+    out = []
+    for number, row in _read_jsonl(path):
+        label = row.get("label")
+        if not isinstance(label, bool):
+            raise AnnotationInputError(f"{path}:{number}: 'label' must be true or false")
+        triple = Triple(_text(path, number, row, "question"), _text(path, number, row, "reference", "answer"),
+                        _text(path, number, row, "completion"))
+        out.append((triple, label))
+    if not out:
+        raise AnnotationInputError(f"{path}: no labelled triples in the file")
+    return out
+
+
+def annotate(
+    triples: Sequence[Triple],
+    verify: Callable[[Sequence[Triple]], list[str]],
+    judge: Callable[[Sequence[Triple]], list[str]],
+    chunk_size: int = 64,
+    on_chunk: Callable[[int], None] | None = None,
+) -> tuple[list[Annotated], AnnotationStats]:
+    """Label every triple with both functions, chunk by chunk; the kept ones (in input order) and the counts."""
+    kept: list[Annotated] = []
+    stats = AnnotationStats()
+    for start in range(0, len(triples), chunk_size):
+        chunk = triples[start : start + chunk_size]
+        verdicts, judgments = verify(chunk), judge(chunk)
+        if len(verdicts) != len(chunk) or len(judgments) != len(chunk):
+            raise RuntimeError(f"expected {len(chunk)} verdicts from each labeller, got {len(verdicts)} and "
+                               f"{len(judgments)}")
+        for triple, verdict, judgment in zip(chunk, verdicts, judgments, strict=True):
+            stats.total += 1
+            by_verifier, by_judge = VERIFIER_LABELS.get(verdict), JUDGE_LABELS.get(judgment)
+            stats.verifier_labelled += by_verifier is not None
+            stats.judge_labelled += by_judge is not None
+            if by_verifier is None or by_judge is None:
+                continue
+            if by_verifier != by_judge:
+                stats.disagreed += 1
+                continue
+            stats.agreed += 1
+            stats.kept_correct += by_verifier
+            stats.kept_incorrect += not by_verifier
+            kept.append(Annotated(triple, verdict, judgment))
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+    return kept, stats
+
+
+def write_annotated(path: str | Path, kept: Sequence[Annotated]) -> None:
+    """JSON Lines, written to a temporary file and renamed into place."""
+    lines = [json.dumps({**asdict(a.triple), "label": a.label, "verifier": a.verifier, "judge": a.judge})
+             for a in kept]
+    _write_atomically(Path(path), "".join(line + "\n" for line in lines))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+# ----- pre-training -----
+
+
+def pretrain_reward_model(
+    config: RewardConfig, labelled: Sequence[tuple[Triple, bool]], output_dir: str | Path, epochs: int = 3,
+    lr: float = 2e-5, batch_size: int = 16, holdout: float = 0.05, seed: int = 0,
+) -> dict[str, Any]:
+    """BCE-train config.model on the labelled triples, save it as a loadable model directory (atomically), and
+    report accuracy on a held-out share before and after (the share is drawn with `seed`)."""
+    import torch
+
+    from cooper.services.reward.verify_rm import LabelledTriple, ScoreItem, VerifyRM
+    from cooper.tiny.models import resolve_model
+
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    triples = [LabelledTriple(t.question, t.reference, t.completion, label) for t, label in labelled]
+    random.Random(seed).shuffle(triples)
+    held = int(len(triples) * holdout)
+    if holdout > 0 and held == 0 and len(triples) > 1:
+        held = 1
+    evaluation, training = triples[:held], triples[held:]
+    rm = VerifyRM.load(resolve_model(config.model, "reward"), config.optim, config.max_length, config.device,
+                       config.dtype)
+
+    def accuracy() -> float | None:
+        if not evaluation:
+            return None
+        logits = rm.logits(rm.encode([ScoreItem(t.question, t.reference, t.completion) for t in evaluation]))
+        return sum((x > 0) == t.label for x, t in zip(logits, evaluation, strict=True)) / len(evaluation)
+
+    before = accuracy()
+    trained = rm.pretrain(training, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+    after = accuracy()
+    target = Path(output_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        rm.model.save_pretrained(tmp, safe_serialization=True)
+        rm.tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "model": config.model, "output": str(target), "train": len(training), "heldout": len(evaluation),
+        "positives": sum(t.label for t in triples), "epochs": epochs, "lr": lr,
+        "train_loss": round(trained["loss"], 4), "train_accuracy": round(trained["accuracy"], 4),
+        "heldout_accuracy_before": None if before is None else round(before, 4),
+        "heldout_accuracy_after": None if after is None else round(after, 4),
+    }
+
+
+# ----- the command -----
+
+
+def run_annotation(config: Any, input_path: str | Path, output_path: str | Path, chunk_size: int = 64,
+                   progress: bool = True) -> AnnotationStats:
+    """`cooper annotate`: label the input with the verifier and the generator's judge, write the kept triples.
+
+    Services named by <service>.server.address are used as they are; the others start here on free loopback ports
+    for the duration (their logs go to a temporary directory, and a start-up failure shows the log's tail).
+    """
+    from tqdm import tqdm
+
+    from cooper.config import with_overrides
+    from cooper.orchestrator.launch import write_configs
+    from cooper.orchestrator.local import LocalServices
+    from cooper.protos.generator.v1 import generator_pb2
+    from cooper.protos.verifier.v1 import verifier_pb2
+    from cooper.services.generator.client import GeneratorClient
+    from cooper.services.verifier.client import VerifierClient
+
+    triples = read_triples(input_path)
+    names = ("verifier", "generator")
+    local = [f"{name}.server.{key}={value}" for name in names if not getattr(config, name).server.address
+             for key, value in (("host", "127.0.0.1"), ("port", 0), ("metrics_port", "null"))]
+    config = with_overrides(config, local)
+    with tempfile.TemporaryDirectory(prefix="cooper-annotate-") as tmp, \
+            LocalServices(config, write_configs(config, Path(tmp)), Path(tmp), names) as services, \
+            VerifierClient(services.addresses["verifier"], config.verifier.server) as verifier, \
+            GeneratorClient(services.addresses["generator"], config.generator.server) as generator, \
+            tqdm(total=len(triples), desc="annotating", unit="triple", disable=not progress) as bar:
+
+        def verify(chunk: Sequence[Triple]) -> list[str]:
+            results = verifier.verify_pairs([(t.completion, t.reference) for t in chunk])
+            return [verifier_pb2.Verdict.Name(r.verdict) for r in results]
+
+        def judge(chunk: Sequence[Triple]) -> list[str]:
+            items = [generator_pb2.JudgeItem(question=t.question, reference=t.reference, completion=t.completion)
+                     for t in chunk]
+            return [generator_pb2.Judgment.Name(r.verdict) for r in generator.judge(items)]
+
+        kept, stats = annotate(triples, verify, judge, chunk_size, bar.update)
+    write_annotated(output_path, kept)
+    return stats

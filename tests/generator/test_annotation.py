@@ -1,0 +1,77 @@
+"""`cooper annotate`: hybrid annotation with the real verifier and generator services started by the command, and a
+scripted OpenAI-style judge on loopback (an LLM judge cannot run here; the chat server stands in for one)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cooper.annotation import AnnotationInputError, agreed_label, read_labelled, read_triples
+from cooper.cli import main
+
+# (completion, what the scripted judge answers); question "What is 2 + 3?", reference "5"
+CASES = [
+    ("2 + 3 = 5, so the answer is \\boxed{5}. (case A)", "Yes"),  # both correct: kept, true
+    ("2 + 3 = 6, so the answer is \\boxed{6}. (case B)", "No"),  # both incorrect: kept, false
+    ("Adding gives \\boxed{5}. (case C)", "No"),  # they disagree
+    ("Adding gives \\boxed{7}. (case D)", "Yes"),  # they disagree
+    ("The sum is \\boxed{5}. (case E)", None),  # the judge gives no verdict
+    ("I am not sure what to do here. (case F)", "No"),  # the verifier finds no answer
+    ("Five: \\boxed{5} (case G)", "Yes"),  # kept, true
+]
+
+
+def test_agreed_label_needs_two_labels_that_agree() -> None:
+    assert agreed_label("CORRECT", "YES") is True and agreed_label("INCORRECT", "NO") is False
+    for verifier, judge in [("CORRECT", "NO"), ("INCORRECT", "YES"), ("NO_ANSWER", "NO"), ("TIMEOUT", "YES"),
+                            ("ERROR", "NO"), ("CORRECT", "UNKNOWN")]:
+        assert agreed_label(verifier, judge) is None
+
+
+def test_annotate_keeps_what_verifier_and_judge_agree_on(tmp_path: Path, chat_server: Any,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    base_url, script = chat_server
+    # Each case is told apart by its letter (a digit would be an answer to math-verify).
+    script.reset(replies={f"(case {'ABCDEFG'[i]})": [f"Let me check.\nFinal Judgment: {verdict}"]
+                          for i, (_, verdict) in enumerate(CASES) if verdict is not None},
+                 default="The completion looks plausible.")
+    source = tmp_path / "triples.jsonl"
+    rows = [{"question": "What is 2 + 3?", "answer" if i % 2 else "reference": "5", "completion": completion}
+            for i, (completion, _) in enumerate(CASES)]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output = tmp_path / "out" / "labelled.jsonl"
+
+    code = main(["annotate", str(source), "-o", str(output), "--chunk-size", "3", "--no-progress",
+                 "generator.assistant.backend=openai", f"generator.assistant.base_url={base_url}",
+                 "generator.assistant.model_name=judge-7b", "generator.assistant.retries=0"])
+    assert code == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {k: stats[k] for k in ("total", "verifier_labelled", "judge_labelled", "agreed", "disagreed",
+                                  "kept_correct", "kept_incorrect")} == {
+        "total": 7, "verifier_labelled": 6, "judge_labelled": 6, "agreed": 3, "disagreed": 2, "kept_correct": 2,
+        "kept_incorrect": 1}
+    kept = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(row["completion"], row["label"], row["verifier"], row["judge"]) for row in kept] == [
+        (CASES[0][0], True, "CORRECT", "YES"), (CASES[1][0], False, "INCORRECT", "NO"),
+        (CASES[6][0], True, "CORRECT", "YES")]
+    assert [label for _, label in read_labelled(output)] == [True, False, True]  # what pretrain-rm reads
+    assert len(script.requests) == len(CASES)  # one judge call per triple
+
+
+def test_bad_input_is_refused_with_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question": "q", "reference": "1", "completion": "c"}\n{"question": "q", \n')
+    assert main(["annotate", str(broken), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert f"{broken}:2: not JSON" in capsys.readouterr().err
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"question": "q", "completion": "c"}\n')
+    with pytest.raises(AnnotationInputError, match=r"missing.jsonl:1: missing 'reference' or 'answer'"):
+        read_triples(missing)
+    unlabelled = tmp_path / "unlabelled.jsonl"
+    unlabelled.write_text('{"question": "q", "reference": "1", "completion": "c", "label": "yes"}\n')
+    assert main(["pretrain-rm", str(unlabelled), "-o", str(tmp_path / "model")]) == 2
+    assert "unlabelled.jsonl:1: 'label' must be true or false" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "model").exists()
