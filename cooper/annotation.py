@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cooper.config import RewardConfig
+from cooper.services.reward.items import LabelledTriple, ScoreItem
 
 # verdict names as the services send them (cooper.verifier.v1.Verdict, cooper.generator.v1.Judgment)
 VERIFIER_LABELS = {"CORRECT": True, "INCORRECT": False}  # NO_ANSWER, TIMEOUT, ERROR: no label
@@ -33,15 +34,8 @@ class AnnotationInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class Triple:
-    question: str
-    reference: str
-    completion: str
-
-
-@dataclass(frozen=True)
 class Annotated:
-    triple: Triple
+    triple: ScoreItem
     verifier: str
     judge: str
 
@@ -55,10 +49,16 @@ class AnnotationStats:
     total: int = 0
     verifier_labelled: int = 0
     judge_labelled: int = 0
-    agreed: int = 0
     disagreed: int = 0  # both labelled, differently
     kept_correct: int = 0
     kept_incorrect: int = 0
+
+    @property
+    def agreed(self) -> int:
+        return self.kept_correct + self.kept_incorrect
+
+    def as_dict(self) -> dict[str, int]:
+        return {**asdict(self), "agreed": self.agreed}
 
 
 def agreed_label(verifier: str, judge: str) -> bool | None:
@@ -94,34 +94,36 @@ def _text(path: str | Path, number: int, row: dict[str, Any], *names: str) -> st
     raise AnnotationInputError(f"{path}:{number}: missing {' or '.join(repr(n) for n in names)}")
 
 
-def read_triples(path: str | Path) -> list[Triple]:
+def _item(path: str | Path, number: int, row: dict[str, Any]) -> ScoreItem:
+    return ScoreItem(_text(path, number, row, "question"), _text(path, number, row, "reference", "answer"),
+                     _text(path, number, row, "completion"))
+
+
+def read_triples(path: str | Path) -> list[ScoreItem]:
     """`question`, `reference` (or `answer`) and `completion` per line."""
-    triples = [Triple(_text(path, n, row, "question"), _text(path, n, row, "reference", "answer"),
-                      _text(path, n, row, "completion")) for n, row in _read_jsonl(path)]
+    triples = [_item(path, number, row) for number, row in _read_jsonl(path)]
     if not triples:
         raise AnnotationInputError(f"{path}: no triples in the file")
     return triples
 
 
-def read_labelled(path: str | Path) -> list[tuple[Triple, bool]]:
+def read_labelled(path: str | Path) -> list[tuple[ScoreItem, bool]]:
     """What annotate wrote (or any file with the triple's fields and a boolean `label`)."""
     out = []
     for number, row in _read_jsonl(path):
         label = row.get("label")
         if not isinstance(label, bool):
             raise AnnotationInputError(f"{path}:{number}: 'label' must be true or false")
-        triple = Triple(_text(path, number, row, "question"), _text(path, number, row, "reference", "answer"),
-                        _text(path, number, row, "completion"))
-        out.append((triple, label))
+        out.append((_item(path, number, row), label))
     if not out:
         raise AnnotationInputError(f"{path}: no labelled triples in the file")
     return out
 
 
 def annotate(
-    triples: Sequence[Triple],
-    verify: Callable[[Sequence[Triple]], list[str]],
-    judge: Callable[[Sequence[Triple]], list[str]],
+    triples: Sequence[ScoreItem],
+    verify: Callable[[Sequence[ScoreItem]], list[str]],
+    judge: Callable[[Sequence[ScoreItem]], list[str]],
     chunk_size: int = 64,
     on_chunk: Callable[[int], None] | None = None,
 ) -> tuple[list[Annotated], AnnotationStats]:
@@ -144,7 +146,6 @@ def annotate(
             if by_verifier != by_judge:
                 stats.disagreed += 1
                 continue
-            stats.agreed += 1
             stats.kept_correct += by_verifier
             stats.kept_incorrect += not by_verifier
             kept.append(Annotated(triple, verdict, judgment))
@@ -171,14 +172,14 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def pretrain_reward_model(
-    config: RewardConfig, labelled: Sequence[tuple[Triple, bool]], output_dir: str | Path, epochs: int = 3,
+    config: RewardConfig, labelled: Sequence[tuple[ScoreItem, bool]], output_dir: str | Path, epochs: int = 3,
     lr: float = 2e-5, batch_size: int = 16, holdout: float = 0.05, seed: int = 0,
 ) -> dict[str, Any]:
     """BCE-train config.model on the labelled triples, save it as a loadable model directory (atomically), and
     report accuracy on a held-out share before and after (the share is drawn with `seed`)."""
     import torch
 
-    from cooper.services.reward.verify_rm import LabelledTriple, ScoreItem, VerifyRM
+    from cooper.services.reward.verify_rm import VerifyRM
     from cooper.tiny.models import resolve_model
 
     if config.torch_threads:
@@ -253,11 +254,11 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
             GeneratorClient(services.addresses["generator"], config.generator.server) as generator, \
             tqdm(total=len(triples), desc="annotating", unit="triple", disable=not progress) as bar:
 
-        def verify(chunk: Sequence[Triple]) -> list[str]:
+        def verify(chunk: Sequence[ScoreItem]) -> list[str]:
             results = verifier.verify_pairs([(t.completion, t.reference) for t in chunk])
             return [verifier_pb2.Verdict.Name(r.verdict) for r in results]
 
-        def judge(chunk: Sequence[Triple]) -> list[str]:
+        def judge(chunk: Sequence[ScoreItem]) -> list[str]:
             items = [generator_pb2.JudgeItem(question=t.question, reference=t.reference, completion=t.completion)
                      for t in chunk]
             return [generator_pb2.Judgment.Name(r.verdict) for r in generator.judge(items)]

@@ -53,6 +53,26 @@ def _preset_path(name: str | None) -> str | None:
     return str(Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
 
 
+def _preset_config(args: argparse.Namespace) -> CooperConfig | None:
+    """The config of --config (a file or a preset name; default tiny) and the overrides; None when --check-config
+    asked only to print it (done here)."""
+    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
+    if args.check_config:
+        print(to_yaml(config), end="")
+        return None
+    return config
+
+
+def _add_config_options(parser: argparse.ArgumentParser, overrides_example: str, progress: str | None = None,
+                        config_help: str = "YAML config file or preset name in configs/ (default: tiny)") -> None:
+    """--config, --check-config, optionally --no-progress, and the trailing dotted overrides."""
+    parser.add_argument("--config", help=config_help)
+    parser.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
+    if progress is not None:
+        parser.add_argument("--no-progress", action="store_true", help=progress)
+    parser.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {overrides_example}")
+
+
 def _train(args: argparse.Namespace) -> int:
     if args.resume and (args.config or args.overrides):
         raise ConfigError("--resume continues a run with its own saved config; drop --config and the overrides")
@@ -74,9 +94,8 @@ def _experiment(args: argparse.Namespace) -> int:
     unknown = [m for m in modes if m not in ("rule", "static", "cooper")]
     if unknown or not modes:
         raise ConfigError(f"--modes takes rule, static and cooper; got {args.modes!r}")
-    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
-    if args.check_config:
-        print(to_yaml(config), end="")
+    config = _preset_config(args)
+    if config is None:
         return 0
     from cooper.orchestrator.experiment import run_experiment
 
@@ -99,12 +118,10 @@ Examples:
 
 
 def _annotate(args: argparse.Namespace) -> int:
-    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
-    if args.check_config:
-        print(to_yaml(config), end="")
+    config = _preset_config(args)
+    if config is None:
         return 0
     import json
-    from dataclasses import asdict
 
     from cooper.annotation import run_annotation
 
@@ -112,14 +129,13 @@ def _annotate(args: argparse.Namespace) -> int:
     print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled}, the judge {stats.judge_labelled}; "
           f"they agreed on {stats.agreed} ({stats.kept_correct} correct, {stats.kept_incorrect} incorrect) and "
           f"disagreed on {stats.disagreed}; {stats.agreed} written to {args.output}")
-    print(json.dumps({"input": args.input, "output": args.output, **asdict(stats)}))
+    print(json.dumps({"input": args.input, "output": args.output, **stats.as_dict()}))
     return 0
 
 
 def _pretrain_rm(args: argparse.Namespace) -> int:
-    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
-    if args.check_config:
-        print(to_yaml(config), end="")
+    config = _preset_config(args)
+    if config is None:
         return 0
     import json
 
@@ -159,50 +175,39 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train", help="train a policy (no arguments: the tiny preset, everything local)", epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    train.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
     train.add_argument("--resume", metavar="RUN", help="continue the run RUN (a name under run.output_dir, or a path)")
     train.add_argument("--resume-existing", action="store_true",
                        help="if run.name names a run that exists, resume it instead of failing (restarted containers)")
-    train.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     train.add_argument("--workers", type=int, default=3, help="stage worker threads (default 3)")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=5 run.mode=static")
+    _add_config_options(train, "run.steps=5 run.mode=static", progress="no progress bar (logs only)")
 
     experiment = sub.add_parser(
         "experiment", help="run rule, static and cooper on the same data and seed, and plot them side by side",
         epilog="Example: cooper experiment run.steps=20   (tiny preset; writes runs/<name>/compare.png)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    experiment.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
     experiment.add_argument("--modes", default="rule,static,cooper", help="comma-separated modes (default: all three)")
-    experiment.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
-    experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
-    experiment.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.steps=20 run.seed=1")
+    _add_config_options(experiment, "run.steps=20 run.seed=1", progress="no progress bars")
 
     annotate = sub.add_parser(
         "annotate", help="label triples with the verifier and an LLM judge; keep those they agree on",
         epilog=ANNOTATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     annotate.add_argument("input", help="JSON Lines: question, reference (or answer), completion")
     annotate.add_argument("-o", "--output", required=True, help="where the kept triples go (JSON Lines)")
-    annotate.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny)")
     annotate.add_argument("--chunk-size", type=int, default=64, help="triples per verifier and judge call")
-    annotate.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
-    annotate.add_argument("--no-progress", action="store_true", help="no progress bar")
-    annotate.add_argument("overrides", nargs="*", help="dotted overrides, e.g. generator.assistant.backend=openai")
+    _add_config_options(annotate, "generator.assistant.backend=openai", progress="no progress bar")
 
     pretrain = sub.add_parser(
         "pretrain-rm", help="train the initial VerifyRM (BCE) on labelled triples and save it as a model directory",
         epilog=ANNOTATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     pretrain.add_argument("input", help="JSON Lines with question, reference, completion and a boolean label")
     pretrain.add_argument("-o", "--output", required=True, help="model directory to write (reward.model can name it)")
-    pretrain.add_argument("--config", help="YAML config file or preset name in configs/ (default: tiny); the base "
-                          "model is reward.model")
     pretrain.add_argument("--epochs", type=int, default=3, help="passes over the triples (paper: 3)")
     pretrain.add_argument("--lr", type=float, default=2e-5, help="AdamW learning rate (paper: 2e-5)")
     pretrain.add_argument("--batch-size", type=int, default=16, help="triples per optimizer step")
     pretrain.add_argument("--holdout", type=float, default=0.05, help="share held out to report accuracy (0: none)")
     pretrain.add_argument("--seed", type=int, default=0, help="shuffles the triples and picks the held-out share")
-    pretrain.add_argument("--check-config", action="store_true", help="validate the config, print it, and exit")
-    pretrain.add_argument("overrides", nargs="*", help="dotted overrides, e.g. reward.model=Qwen/Qwen2.5-Math-1.5B")
+    _add_config_options(pretrain, "reward.model=Qwen/Qwen2.5-Math-1.5B", config_help="YAML config file or preset "
+                        "name in configs/ (default: tiny); the base model is reward.model")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
     show.add_argument("--config", help="YAML config file")

@@ -110,7 +110,7 @@ def score(ctx: StageContext, step: int) -> dict[str, Any]:
     if ctx.config.run.mode == "rule":  # the verifier's 1/0; the reward service is never called
         verdicts = ctx.result(graph.VERIFY, step)["verdicts"]
         return {"rewards": [1.0 if v == "CORRECT" else 0.0 for v in verdicts], "logits": [], "reward_version": -1}
-    from cooper.services.reward.verify_rm import ScoreItem
+    from cooper.services.reward.items import ScoreItem
 
     ro = ctx.result(graph.ROLLOUT, step)
     by_id = _examples_by_id(ro)
@@ -147,7 +147,7 @@ def negatives(ctx: StageContext, step: int) -> dict[str, Any]:
 
 
 def reward_update(ctx: StageContext, step: int) -> dict[str, Any]:
-    from cooper.services.reward.verify_rm import PreferencePair
+    from cooper.services.reward.items import PreferencePair
 
     ng = ctx.result(graph.NEGATIVES, step)
     pairs = [PreferencePair(**p) for p in ng["pairs"]]

@@ -12,8 +12,14 @@ from cooper.config import ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.client import ServiceClient
-from cooper.services.reward.service import ModelInfo, SavedCheckpoint, ScoreResult, UpdateResult
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
+from cooper.services.reward.items import (
+    ModelInfo,
+    PreferencePair,
+    SavedCheckpoint,
+    ScoreItem,
+    ScoreResult,
+    UpdateResult,
+)
 
 
 class RewardClient(ServiceClient):

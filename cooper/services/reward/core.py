@@ -18,14 +18,12 @@ import torch
 
 from cooper.config import RewardConfig
 from cooper.services.reward import checkpoint
-from cooper.services.reward.verify_rm import PreferencePair, UpdateStats, VerifyRM
+from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
+from cooper.services.reward.verify_rm import VerifyRM
 
 log = logging.getLogger("cooper.reward")
 
 RECORDED_RESULTS = 64  # Update results kept for replay; the orchestrator only ever retries its latest steps
-
-UpdateResult = UpdateStats  # the service's name for it: what Update answers (recorded per key)
-
 
 @dataclass(frozen=True)
 class BatchScores:
@@ -34,25 +32,6 @@ class BatchScores:
     logits: list[float]
     version: int
     forward_s: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    model: str
-    version: int
-    parameters: int
-    device: str
-    last_key: str
-    checkpoint: str
-    pad_token: str | None = None  # the tokenizer's, for protocols that send decoded text with special tokens
-    eos_token: str | None = None
-    tokenizer_source: str = ""  # where the serving process loads the same tokenizer from
-
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    path: str
-    version: int
 
 
 def idempotency_key(run_id: str, step: int) -> str | None:

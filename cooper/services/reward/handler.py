@@ -14,9 +14,10 @@ import prometheus_client
 from cooper.config import HttpConfig
 from cooper.services.reward import protocol
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.items import ScoreItem, ScoreResult
 from cooper.services.reward.runner import ModelUnavailable
-from cooper.services.reward.service import RewardService, ScoreResult
-from cooper.services.reward.verify_rm import ScoreItem, sigmoid
+from cooper.services.reward.service import RewardService
+from cooper.services.reward.verify_rm import sigmoid
 
 
 class ApiError(Exception):

@@ -202,11 +202,10 @@ def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 def _first_message(connection: Connection, process: multiprocessing.process.BaseProcess) -> tuple[bool, Any]:
     """The child's ready message, or an error saying why it died while loading."""
-    while not connection.poll(0.2):
-        if not process.is_alive():
-            raise ModelUnavailable(f"the reward model process exited with code {process.exitcode} while loading the "
-                                   "model; see its log above")
     try:
+        while not connection.poll(0.2):
+            if not process.is_alive():
+                raise EOFError
         return connection.recv()
     except EOFError:
         process.join(5)

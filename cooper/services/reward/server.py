@@ -15,11 +15,10 @@ from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.server import GrpcService
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
-from cooper.services.reward.core import UpdateResult
 from cooper.services.reward.http import HttpServer, create_app, start_http
+from cooper.services.reward.items import PreferencePair, ScoreItem, ScoreResult, UpdateResult
 from cooper.services.reward.runner import ModelUnavailable, ProcessRunner
-from cooper.services.reward.service import RewardService, ScoreResult, idempotency_key
-from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
+from cooper.services.reward.service import RewardService, idempotency_key
 
 log = logging.getLogger("cooper.reward")
 
@@ -100,9 +99,9 @@ async def create_service(config: CooperConfig) -> GrpcService:
     if http is not None:
         grpc_service.ready_info["http_port"] = http.port
     grpc_service.ready_info["version"] = service.version
+    # Without its model the service is useless: stop and exit non-zero, so that the supervisor restarts it from the
+    # latest checkpoint (the gRPC health probe alone would keep answering SERVING).
+    service.runner.on_exit = lambda: grpc_service.fail("the reward model process exited")
     if isinstance(service.runner, ProcessRunner):
         grpc_service.ready_info["model_pid"] = service.runner.process.pid
-        # Without its model the service is useless: stop and exit non-zero, so that the supervisor restarts it from
-        # the latest checkpoint (the gRPC health probe alone would keep answering SERVING).
-        service.runner.on_exit = lambda: grpc_service.fail("the reward model process exited")
     return grpc_service

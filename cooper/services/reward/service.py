@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
 
 import prometheus_client
 
 from cooper.config import RewardConfig
 from cooper.services.reward.batcher import Batcher
-from cooper.services.reward.core import (
-    BatchScores,
+from cooper.services.reward.core import BatchScores, RewardCore, idempotency_key
+from cooper.services.reward.items import (
     ModelInfo,
-    RewardCore,
+    PreferencePair,
     SavedCheckpoint,
+    ScoreItem,
+    ScoreResult,
     UpdateResult,
-    idempotency_key,
 )
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
-from cooper.services.reward.verify_rm import Encoder, PreferencePair, ScoreItem, sigmoid
+from cooper.services.reward.verify_rm import Encoder, sigmoid
 
 __all__ = ["RewardService", "ScoreResult", "idempotency_key"]
 
@@ -45,15 +45,6 @@ INLINE_TOKENIZE_CHARS = 16_000
 
 MODEL_VERSION = prometheus_client.Gauge("cooper_reward_model_version", "Current VerifyRM version")
 UPDATES = prometheus_client.Counter("cooper_reward_updates_total", "Update requests", ["outcome"])
-
-
-@dataclass(frozen=True)
-class ScoreResult:
-    """Invariant: scores and logits have the length of the items, in order, all from model `version`."""
-
-    scores: list[float]
-    logits: list[float]
-    version: int
 
 
 class RewardService:
@@ -110,26 +101,16 @@ class RewardService:
 
     # ----- scoring -----
 
-    def _submit_batch(self, token_lists: list[list[int]]) -> asyncio.Future[tuple[list[float], int]]:
-        """Submit now (the batcher's order is the model's order); record the batch's timings when it is back."""
-        pending = self.runner.submit("score_tokens", token_lists)
-        result: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
+    def _submit_batch(self, token_lists: list[list[int]]) -> Awaitable[tuple[list[float], int]]:
+        """Submit now (the batcher's order is the model's order); the batch's timings are recorded when it is back."""
+        return self._scored(self.runner.submit("score_tokens", token_lists))
 
-        def done(future: asyncio.Future[BatchScores]) -> None:
-            if result.done():
-                return
-            if future.cancelled():
-                result.cancel()
-            elif (error := future.exception()) is not None:
-                result.set_exception(error)
-            else:
-                scores = future.result()
-                for seconds in scores.forward_s:
-                    MODEL_SECONDS.observe(seconds)
-                result.set_result((scores.logits, scores.version))
-
-        pending.add_done_callback(done)
-        return result
+    @staticmethod
+    async def _scored(pending: Awaitable[BatchScores]) -> tuple[list[float], int]:
+        scores = await pending
+        for seconds in scores.forward_s:
+            MODEL_SECONDS.observe(seconds)
+        return scores.logits, scores.version
 
     def reward(self, logit: float) -> float:
         probability = sigmoid(logit)

@@ -18,7 +18,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,52 +25,10 @@ import torch.nn.functional as F
 
 from cooper.config import OptimConfig
 from cooper.runtime.devices import resolve_device, resolve_dtype
+from cooper.services.reward.items import LabelledTriple, PreferencePair, ScoreItem, UpdateStats
 
 HEAD_CHARS = 500
 TAIL_CHARS = 1000
-
-
-@dataclass(frozen=True)
-class ScoreItem:
-    """One completion to score against its question and reference answer."""
-
-    question: str
-    reference: str
-    completion: str
-
-
-@dataclass(frozen=True)
-class PreferencePair:
-    """`positive` should score above `negative` for the same question and reference."""
-
-    question: str
-    reference: str
-    positive: str
-    negative: str
-
-
-@dataclass(frozen=True)
-class LabelledTriple:
-    """A completion with its correctness label, for BCE pre-training (hybrid annotation's output)."""
-
-    question: str
-    reference: str
-    completion: str
-    label: bool
-
-
-@dataclass(frozen=True)
-class UpdateStats:
-    """What one Bradley-Terry update did; `version` is the model version after it. `replayed` is set by the
-    service when an idempotency key had been applied before and this is its recorded result."""
-
-    loss: float
-    grad_norm: float
-    pair_accuracy_before: float
-    pair_accuracy_after: float
-    version: int
-    skipped: bool
-    replayed: bool = False
 
 
 def truncate_middle(text: str) -> str:
