@@ -3,7 +3,7 @@
 32 concurrent clients each send one item per request until 2,000 items are scored, against (a) a naive FastAPI
 server written below, the way most reward servers are written (parse the JSON, tokenize, one forward pass per
 request, answer), and (b) `cooper serve reward` (dynamic batching over all concurrent requests). Both load the same
-tiny VerifyRM and build the same DESIGN.md input text. Both run as processes of their own, started once; timed
+tiny VerifyRM and build the same VerifyRM input text. Both run as processes of their own, started once; timed
 rounds alternate between them (only one is under load at a time) so that both see the same background load, and
 medians over rounds are reported. Both get the same torch thread count (--threads, default 1: on a small CPU, one
 intra-op thread is fastest for a batch-1 forward, so this favours the naive server if anything) and the same event

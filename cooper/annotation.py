@@ -1,4 +1,4 @@
-"""Hybrid annotation and VerifyRM pre-training (DESIGN.md section 1): how the first VerifyRM is made.
+"""Hybrid annotation and VerifyRM pre-training (docs/design.md section 2.5): how the first VerifyRM is made.
 
 The rule verifier and an LLM judge each label every (question, reference, completion) triple; a triple is kept,
 with that label, only when both give one and they agree (paper: 65K triples -> 58.7K). The kept triples train the
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cooper.config import RewardConfig
+from cooper.jsonl import read_json_objects
 from cooper.services.reward.items import LabelledTriple, ScoreItem
 
 # verdict names as the services send them (cooper.verifier.v1.Verdict, cooper.generator.v1.Judgment)
@@ -70,19 +71,7 @@ def agreed_label(verifier: str, judge: str) -> bool | None:
 
 
 def _read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    rows = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise AnnotationInputError(f"{path}:{number}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise AnnotationInputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append((number, row))
-    return rows
+    return read_json_objects(path, AnnotationInputError)
 
 
 def _text(path: str | Path, number: int, row: dict[str, Any], *names: str) -> str:
@@ -250,8 +239,8 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     config = with_overrides(config, local)
     with tempfile.TemporaryDirectory(prefix="cooper-annotate-") as tmp, \
             LocalServices(config, write_configs(config, Path(tmp)), Path(tmp), names) as services, \
-            VerifierClient(services.addresses["verifier"], config.verifier.server) as verifier, \
-            GeneratorClient(services.addresses["generator"], config.generator.server) as generator, \
+            VerifierClient(services.addresses["verifier"], config.verifier.server, config.security) as verifier, \
+            GeneratorClient(services.addresses["generator"], config.generator.server, config.security) as generator, \
             tqdm(total=len(triples), desc="annotating", unit="triple", disable=not progress) as bar:
 
         def verify(chunk: Sequence[ScoreItem]) -> list[str]:

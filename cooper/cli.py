@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import os
 import sys
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from cooper.annotation import AnnotationInputError
 from cooper.config import ConfigError, CooperConfig, load_config, to_yaml
+from cooper.dataset_formats import DatasetFormatError
+from cooper.evaluation.rm_bench import BenchInputError
 
 # Each service module defines `async def create_service(config) -> cooper.runtime.server.GrpcService`.
 SERVICES = {
@@ -90,6 +93,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _experiment(args: argparse.Namespace) -> int:
+    if args.parallel < 1 or args.best_of_n < 0:
+        raise ConfigError("--parallel must be at least 1 and --best-of-n at least 0")
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = [m for m in modes if m not in ("rule", "static", "cooper")]
     if unknown or not modes:
@@ -99,12 +104,40 @@ def _experiment(args: argparse.Namespace) -> int:
         return 0
     from cooper.orchestrator.experiment import run_experiment
 
-    run_experiment(config, modes, progress=not args.no_progress)
-    return 0
+    _, verdict = run_experiment(config, modes, seeds=args.seeds, parallel=args.parallel,
+                                best_of_n_samples=args.best_of_n, progress=not args.no_progress)
+    return 1 if args.strict and not verdict["reproduced"] else 0
+
+
+EXPERIMENT_EPILOG = """\
+Every (mode, seed) is an ordinary `cooper train` run with the same config but for run.mode and run.seed, in
+<output_dir>/<name>-<mode>-s<seed>/. The comparison goes to <output_dir>/<name>/: compare.png (curves per mode,
+mean over seeds), overoptimization.png (verifier accuracy and training reward against sqrt KL from the initial
+policy, with best-of-n of the initial VerifyRM as the no-training baseline), rm_health.png (AUROC of VerifyRM
+against the verifier on the policy's samples, false-positive rate, pair accuracy), results.md and results.json
+(per mode and seed: test accuracy before and after, training reward at start and end, AUROC; and whether the
+paper's finding was reproduced: rule improves, static's reward climbs while its test accuracy falls, cooper keeps
+up with rule and its VerifyRM keeps agreeing with the verifier).
+
+Examples:
+  cooper experiment                                   # the tiny preset, one seed
+  cooper experiment --seeds 0,1,2 --parallel 2        # what bench/experiment.py runs
+  cooper experiment --modes static,cooper run.steps=40
+"""
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas, e.g. 0,1,2 (got {text!r})") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"give one or more distinct seeds, e.g. 0,1,2 (got {text!r})")
+    return seeds
 
 
 ANNOTATE_EPILOG = """\
-Hybrid annotation (DESIGN.md section 1): the rule verifier and the generator's LLM judge each label every triple,
+Hybrid annotation (docs/design.md, section 2.5): the rule verifier and the generator's LLM judge each label every triple,
 and only the triples they agree on are written, with "label" (true = correct) and both verdicts. The verifier and
 the generator start locally unless <service>.server.address names running ones; the judge is
 generator.assistant (e.g. backend=openai with base_url, or backend=vllm with a model). Input: JSON Lines with
@@ -121,7 +154,6 @@ def _annotate(args: argparse.Namespace) -> int:
     config = _preset_config(args)
     if config is None:
         return 0
-    import json
 
     from cooper.annotation import run_annotation
 
@@ -137,7 +169,6 @@ def _pretrain_rm(args: argparse.Namespace) -> int:
     config = _preset_config(args)
     if config is None:
         return 0
-    import json
 
     from cooper.annotation import pretrain_reward_model, read_labelled
 
@@ -149,6 +180,70 @@ def _pretrain_rm(args: argparse.Namespace) -> int:
           f"held-out accuracy {result['heldout_accuracy_before']} -> {result['heldout_accuracy_after']}. "
           f"Use it with reward.model={result['output']}")
     print(json.dumps(result))
+    return 0
+
+
+EVAL_RM_EPILOG = """\
+Judges every completion of a labelled benchmark in VerifyBench's format (JSON Lines: question, answer, completion,
+gold_correct true/false, optional answer_type) twice: VerifyRM (reward.model; score > 0.5 says correct) and the rule
+verifier (math-verify; CORRECT says correct). Prints accuracy per answer type and overall for both, VerifyRM's AUROC,
+then one JSON line. FILE may be `tiny`: a benchmark built from the tiny task. With reward.server.address (or
+verifier.server.address) set, the running service judges instead, with the reward model's current version.
+Examples:
+  cooper eval-rm verifybench.jsonl -o report.json --config configs/qwen2.5-1.5b-cooper.yaml \\
+      reward.model=models/verify-rm
+  cooper eval-rm tiny                                   # the tiny preset's pretrained VerifyRM
+  cooper eval-rm verifybench.jsonl --config configs/qwen2.5-1.5b-cooper.yaml \\
+      reward.model=runs/cooper-x/checkpoints/reward/<checkpoint>
+"""
+
+
+def _eval_rm(args: argparse.Namespace) -> int:
+    config = _preset_config(args)
+    if config is None:
+        return 0
+
+    from cooper.evaluation.rm_bench import format_table, run_eval_rm
+
+    report = run_eval_rm(config, args.input)
+    print(f"{args.input}: {report['n']} completions ({report['gold_correct']} labelled correct); "
+          f"VerifyRM {report['reward_model']}" + ("" if report["reward_version"] is None
+                                                  else f" version {report['reward_version']}"))
+    print(format_table(report))
+    line = json.dumps(report)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(line + "\n", encoding="utf-8")
+    print(line)
+    return 0
+
+
+DATA_EPILOG = """\
+Formats (fields as published; the module docstring of cooper/dataset_formats.py has the details):
+  gsm8k          question, answer ending in "#### 42"           -> the number after ####
+  svamp          Body + Question (or question_concat), Answer   -> Answer as a number (8.0 -> 8)
+  math500        problem, answer (or the last \\boxed{} of solution)
+  olympiadbench  question, final_answer (a list, joined with ", ")
+  math_odyssey   question or problem, answer (or the last \\boxed{} of reasoning)
+Input: JSON Lines, a JSON array, or parquet (needs pyarrow). Output: JSON Lines with id, question, answer and
+data_source, what data.train_path and data.test_paths read.
+Examples:
+  cooper data gsm8k/train.jsonl -o data/gsm8k-train.jsonl
+  cooper data MATH-500/test.jsonl -o data/math500.jsonl
+  cooper data SVAMP.json -o data/svamp.jsonl --format svamp
+  cooper train data.preset=files data.train_path=data/gsm8k-train.jsonl data.test_paths.math500=data/math500.jsonl
+"""
+
+
+def _data(args: argparse.Namespace) -> int:
+
+    from cooper.dataset_formats import convert_file
+
+    result = convert_file(args.input, args.output, args.format, args.source, args.skip_invalid)
+    print(f"{len(result.rows)} rows of {result.format} from {args.input} written to {args.output}"
+          + (f"; {len(result.skipped)} skipped (first: {result.skipped[0]})" if result.skipped else ""))
+    print(json.dumps({"input": args.input, "output": args.output, "format": result.format, "rows": len(result.rows),
+                      "skipped": len(result.skipped)}))
     return 0
 
 
@@ -182,10 +277,18 @@ def _parser() -> argparse.ArgumentParser:
     _add_config_options(train, "run.steps=5 run.mode=static", progress="no progress bar (logs only)")
 
     experiment = sub.add_parser(
-        "experiment", help="run rule, static and cooper on the same data and seed, and plot them side by side",
-        epilog="Example: cooper experiment run.steps=20   (tiny preset; writes runs/<name>/compare.png)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "experiment", help="run rule, static and cooper on the same data and seeds, compare them, judge the finding",
+        epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     experiment.add_argument("--modes", default="rule,static,cooper", help="comma-separated modes (default: all three)")
+    experiment.add_argument("--seeds", type=_seed_list, default=None,
+                            help="comma-separated run seeds, e.g. 0,1,2 (default: run.seed alone)")
+    experiment.add_argument("--parallel", type=int, default=1,
+                            help="runs at a time (each is a `cooper train` with its own services; default 1)")
+    experiment.add_argument("--best-of-n", type=int, default=32, metavar="N",
+                            help="samples per test problem for the best-of-n baseline of the initial VerifyRM "
+                                 "(0: skip; default 32)")
+    experiment.add_argument("--strict", action="store_true",
+                            help="exit 1 when the finding was not reproduced (for scripts)")
     _add_config_options(experiment, "run.steps=20 run.seed=1", progress="no progress bars")
 
     annotate = sub.add_parser(
@@ -208,6 +311,24 @@ def _parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--seed", type=int, default=0, help="shuffles the triples and picks the held-out share")
     _add_config_options(pretrain, "reward.model=Qwen/Qwen2.5-Math-1.5B", config_help="YAML config file or preset "
                         "name in configs/ (default: tiny); the base model is reward.model")
+
+    eval_rm = sub.add_parser(
+        "eval-rm", help="accuracy of VerifyRM and of the rule verifier on a labelled benchmark (VerifyBench format)",
+        epilog=EVAL_RM_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    eval_rm.add_argument("input", metavar="FILE", help="JSON Lines in VerifyBench's format, or `tiny`")
+    eval_rm.add_argument("-o", "--output", help="also write the JSON report here")
+    _add_config_options(eval_rm, "reward.model=models/verify-rm", config_help="YAML config file or preset name "
+                        "in configs/ (default: tiny); the model is reward.model")
+
+    data = sub.add_parser(
+        "data", help="convert a published dataset (GSM8K, SVAMP, MATH500, OlympiadBench, Math Odyssey) to Cooper's "
+        "JSON Lines", epilog=DATA_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data.add_argument("input", help="the dataset file: JSON Lines, a JSON array, or parquet")
+    data.add_argument("-o", "--output", required=True, help="JSON Lines to write (id, question, answer, data_source)")
+    data.add_argument("--format", help="gsm8k, svamp, math500, olympiadbench or math_odyssey (default: detected)")
+    data.add_argument("--source", help="data_source of the rows and prefix of generated ids (default: the format)")
+    data.add_argument("--skip-invalid", action="store_true",
+                      help="skip rows without a usable question or answer (default: fail on the first)")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
     show.add_argument("--config", help="YAML config file")
@@ -256,10 +377,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _annotate(args)
         if args.command == "pretrain-rm":
             return _pretrain_rm(args)
+        if args.command == "eval-rm":
+            return _eval_rm(args)
+        if args.command == "data":
+            return _data(args)
         if args.command == "config":
             print(to_yaml(_load(args)), end="")
             return 0
-    except (ConfigError, AnnotationInputError) as err:
+    except (ConfigError, AnnotationInputError, BenchInputError, DatasetFormatError) as err:
         print(f"cooper: {err}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError, ValueError) as err:  # missing files, services that fail to start, failed jobs

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "COOPER_"
 ENV_NESTING = "__"
@@ -45,10 +45,19 @@ class ServerConfig(StrictModel):
     """host:port where clients reach the service; None means the orchestrator starts it locally."""
     deadline_s: float = Field(default=600.0, gt=0)
     """Clients' deadline for one call to this service."""
-    retries: int = Field(default=5, ge=0)
-    """Clients' retries of a call that failed with UNAVAILABLE (the only status retried)."""
+    unavailable_timeout_s: float = Field(default=300.0, ge=0)
+    """How long a client keeps retrying a call that fails with UNAVAILABLE (the service is starting, restarting
+    or moved; the only status retried) before it gives up with ServiceUnavailable. Long enough for a restarted
+    service to reload a GPU model; 0 tries once."""
     retry_backoff_s: float = Field(default=0.2, gt=0)
-    """First retry delay; doubled after each retry."""
+    """First retry delay; doubled after each retry, up to retry_backoff_max_s."""
+    retry_backoff_max_s: float = Field(default=5.0, gt=0)
+    """Longest delay between two retries (and between two reconnection attempts of the channel), so a service
+    that comes back is found within seconds."""
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    """A second, plaintext port that serves only the health service, for probes that cannot speak TLS (Kubernetes'
+    native `grpc:` probes); None serves health on the main port only. Open to anyone who reaches it, and all it
+    tells is SERVING or not."""
 
 
 # Per-service defaults live in subclasses (not in default factories) so that overriding one key of a section,
@@ -158,9 +167,35 @@ class PolicyOptimConfig(OptimConfig):
     """Updates over which the learning rate rises linearly from 0."""
 
 
+class ReplicaConfig(StrictModel):
+    """A read replica (reward.role=replica): how it follows the trainer's checkpoints and when it counts as stale."""
+
+    poll_s: float = Field(default=2.0, gt=0)
+    """How often the replica lists reward.checkpoint_dir (the trainer's, on the shared volume) for a newer complete
+    checkpoint. A new version is served at most about poll_s plus its load time after the trainer saved it."""
+    max_lag_s: float | None = Field(default=120.0, gt=0)
+    """Stale when a newer checkpoint has been on the volume this long without being loaded (measured from when
+    this replica first saw it), or when the directory could not be read for this long; None: no time limit."""
+    max_versions_behind: int | None = Field(default=None, ge=1)
+    """Stale when the newest checkpoint on the volume is more than this many versions ahead of the served one;
+    None: no version limit. Either limit makes the replica stale."""
+    on_stale: Literal["serve", "refuse"] = "serve"
+    """Past a limit: "serve" keeps answering, with the header X-Cooper-Stale (and gRPC trailing metadata
+    cooper-stale) and the metric cooper_reward_replica_stale=1; "refuse" answers scoring with HTTP 503 +
+    Retry-After (gRPC UNAVAILABLE) and reports unready (/readyz and the gRPC health service), so that a load
+    balancer sends its traffic to replicas that are current."""
+
+
 class RewardConfig(StrictModel):
     """VerifyRM: scoring, online Bradley-Terry updates, versions."""
 
+    role: Literal["trainer", "replica"] = "trainer"
+    """"trainer": the one instance that applies updates and writes checkpoints. "replica": serving only, any
+    number of them: loads each new checkpoint the trainer writes to reward.checkpoint_dir (reward.replica), refuses
+    Update and Save (gRPC FAILED_PRECONDITION) and never writes to that directory, so it may be mounted read-only
+    (reward.save_every, save_on_stop and keep_checkpoints are the trainer's and are ignored here)."""
+    replica: ReplicaConfig = Field(default_factory=ReplicaConfig)
+    """How a replica follows the trainer; ignored by the trainer."""
     server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     """gRPC server of the reward service."""
     http: HttpConfig = Field(default_factory=HttpConfig)
@@ -197,7 +232,7 @@ class RewardConfig(StrictModel):
 
 
 class GRPOConfig(StrictModel):
-    """The GRPO loss (DESIGN.md section 1); defaults are the paper's."""
+    """The GRPO loss (docs/design.md section 2.1); defaults are the paper's."""
 
     clip_low: float = Field(default=0.2, ge=0)
     """Lower PPO ratio clip: ratio >= 1 - clip_low."""
@@ -206,7 +241,11 @@ class GRPOConfig(StrictModel):
     dual_clip: float = Field(default=3.0, gt=1)
     """Dual clip c for negative advantages: the loss is at most -c * A."""
     kl_coef: float = Field(default=0.001, ge=0)
-    """Weight of the k3 KL to the frozen reference; 0 loads no reference model."""
+    """Weight of the k3 KL to the frozen reference; 0 adds no KL term (the reference is then loaded only for
+    `track_kl`)."""
+    track_kl: bool = True
+    """Measure KL(policy || initial policy) every step even when kl_coef is 0 (metrics `kl` and `kl_seq`): what
+    reward over-optimisation is plotted against. Costs one forward pass of the frozen reference per update."""
     logratio_clamp: float = Field(default=20.0, gt=0)
     """Log-ratios are clamped to [-x, x] before exp."""
     kl_clamp: float = Field(default=10.0, gt=0)
@@ -327,11 +366,49 @@ class GeneratorConfig(StrictModel):
     """The assistant LLM."""
 
 
+class SecurityConfig(StrictModel):
+    """Who may call the gRPC services: a shared bearer token and TLS (mutual when a CA is given), the same for every
+    service and client (README "Securing the services"). Health and reflection stay open, for probes."""
+
+    token: SecretStr | None = None
+    """Shared token: servers refuse every RPC without `authorization: Bearer <token>` (UNAUTHENTICATED), clients
+    send it. None or empty: no token. Set it from a secret: COOPER_SECURITY__TOKEN."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) of this process: servers serve TLS with it, clients present it when a server asks
+    for a client certificate. Needs tls_key."""
+    tls_key: str | None = None
+    """PEM private key of tls_cert."""
+    tls_ca: str | None = None
+    """PEM CA bundle. Clients verify servers against it (TLS on for clients when this or tls_cert is set; without
+    it, the system roots); servers given it require and verify client certificates (mTLS)."""
+    tls_server_name: str | None = None
+    """Name that clients check in server certificates instead of the host of the address, e.g. one certificate
+    for all services, or 127.0.0.1 reached through a name; None checks the host."""
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: Any) -> Any:
+        # An unset secret arrives as an empty variable (compose `${X:-}`, an empty Secret key): no token, not "".
+        return None if value in ("", None) else value
+
+    @model_validator(mode="after")
+    def _cert_needs_key(self) -> SecurityConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("security.tls_cert and security.tls_key go together: set both or neither")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether clients connect with TLS."""
+        return self.tls_cert is not None or self.tls_ca is not None
+
+
 class RedisConfig(StrictModel):
     """The job queue and run state."""
 
     url: str | None = None
-    """redis://host:port/db; None starts an embedded Redis server for the run."""
+    """redis://host:port/db, or redis://:PASSWORD@host:port/db for a server with `requirepass` (written masked to
+    run directories and logs); None starts an embedded Redis server for the run."""
     key_prefix: str = "cooper"
     """Every key is <key_prefix>:<run id>:..., so runs and tests never share keys."""
 
@@ -345,8 +422,9 @@ class DataConfig(StrictModel):
     """JSONL or parquet with `question` and `answer` (optional `id`, `data_source`)."""
     test_paths: dict[str, str] = Field(default_factory=dict)
     """Benchmark name -> JSONL or parquet file, evaluated separately."""
-    prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-    """Prompt built from a row; {question} is replaced."""
+    prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+    """Prompt built from a row: the paper's instruction. `{question}` is replaced by plain substitution (no
+    str.format), so every other brace is literal: write `\\boxed{}`, not `\\boxed{{}}`."""
 
     @model_validator(mode="after")
     def _files_need_paths(self) -> DataConfig:
@@ -370,6 +448,17 @@ class EvalConfig(StrictModel):
     """Nucleus sampling."""
     max_problems: int | None = Field(default=None, ge=1)
     """Evaluate on the first N problems of each benchmark; None for all."""
+    rm_benchmark_path: str | None = None
+    """A labelled benchmark in VerifyBench's format (see `cooper eval-rm`), or `tiny` for one built from the tiny
+    task: at every evaluation the reward model's current version scores it through the reward service, and
+    metrics.jsonl gets rm_bench/accuracy (score > 0.5 says correct), rm_bench/auroc and rm_bench/reward_version.
+    None: no such evaluation. Ignored in rule mode, which has no reward model."""
+
+    @model_validator(mode="after")
+    def _rm_benchmark_needs_evaluations(self) -> EvalConfig:
+        if self.rm_benchmark_path and self.every == 0:
+            raise ValueError("eval.rm_benchmark_path is scored at evaluations, but eval.every is 0: set eval.every")
+        return self
 
 
 class RunConfig(StrictModel):
@@ -389,6 +478,18 @@ class RunConfig(StrictModel):
     """Prompts per step (B)."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Checkpoint every N steps; 0 only at the end."""
+    service_restarts: int = Field(default=5, ge=0)
+    """How many times a local run restarts each service it started when that service dies (it resumes from its
+    latest checkpoint, and the run goes on); 0 never restarts. Services at a configured address are never
+    restarted by the run: that is their supervisor's job (compose, Kubernetes)."""
+    negatives: Literal["generator", "rollouts"] = "generator"
+    """Where cooper mode's negatives come from. generator (the paper's recipe): the generator rewrites each prompt's
+    positive into a wrong solution (`generator.strategy`). rollouts (a variant, PRIME-style): every completion of the
+    same group that the verifier marks INCORRECT or NO_ANSWER is paired with the positive, so VerifyRM is trained on
+    exactly what the policy writes now, malformed text included. The verifier then picks negatives, which the paper
+    avoids because of its false negatives (correct answers in unusual forms marked INCORRECT); TIMEOUT and ERROR
+    verdicts are never used, and a false negative costs one mislabelled pair among many, while a blind spot that the
+    policy exploits costs the run."""
 
 
 class CooperConfig(StrictModel):
@@ -410,6 +511,8 @@ class CooperConfig(StrictModel):
     """Policy service."""
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
     """Generator service."""
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    """Token and TLS of every gRPC server and client."""
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
@@ -513,4 +616,16 @@ def with_overrides(config: CooperConfig, overrides: Sequence[str]) -> CooperConf
 def to_yaml(config: CooperConfig) -> str:
     """The resolved config as YAML (secrets masked), for run directories and `cooper config show`."""
     data = config.model_dump(mode="json")
+    if data["redis"]["url"]:
+        data["redis"]["url"] = mask_url_password(data["redis"]["url"])
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def mask_url_password(url: str) -> str:
+    """redis://:secret@host:6379/0 -> redis://:**********@host:6379/0 (what SecretStr shows), for files and logs."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:**********@{host}"

@@ -19,12 +19,11 @@ RUN apt-get update \
 ARG TORCH_VERSION=2.13.0
 RUN pip install "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
 
-# The other dependencies from pyproject.toml, before the code, so that editing the code does not reinstall them.
+# The other dependencies at the exact versions of the lock (requirements/lock.sh), before the code, so that editing
+# the code does not reinstall them.
 WORKDIR /app
-COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+COPY requirements/cpu.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt
 
 COPY pyproject.toml README.md ./
 COPY cooper ./cooper

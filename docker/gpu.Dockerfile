@@ -1,7 +1,6 @@
 # syntax=docker/dockerfile:1
-# Cooper, GPU image: the policy, reward and generator services (transformers on CUDA; vLLM with COOPER_EXTRAS=gpu).
+# Cooper, GPU image: the policy, reward and generator services (transformers or vLLM on CUDA).
 #   docker build -f docker/gpu.Dockerfile -t cooper-gpu:0.1.0 .
-#   docker build -f docker/gpu.Dockerfile --build-arg COOPER_EXTRAS=gpu -t cooper-gpu:0.1.0-vllm .
 # The torch wheel carries its own CUDA runtime libraries; the CUDA base adds the NVIDIA container settings
 # (NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES) and a driver-compatible userland. The host driver must
 # support the CUDA version of the torch build (see `python -c "import torch; print(torch.version.cuda)"`).
@@ -20,25 +19,18 @@ RUN apt-get update \
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# torch first, CUDA build. PyPI's Linux x86_64 wheel of torch is the CUDA build; set TORCH_INDEX_URL to
-# https://download.pytorch.org/whl/cuXYZ to pick a specific CUDA version for older drivers.
-ARG TORCH_VERSION=2.13.0
+# The GPU set at the exact versions of the lock (requirements/gpu.txt, made by requirements/lock.sh): torch's CUDA
+# build from PyPI and vLLM (policy.engine=vllm, generator assistant.backend=vllm), which pins the torch it was built
+# against. For an older driver, point TORCH_INDEX_URL at https://download.pytorch.org/whl/cuXYZ: pip then takes the
+# locked torch version's build for that CUDA version from there.
 ARG TORCH_INDEX_URL=https://pypi.org/simple
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
-
 WORKDIR /app
-COPY pyproject.toml /tmp/pyproject.toml
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
+COPY requirements/gpu.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt --extra-index-url "${TORCH_INDEX_URL}"
 
 COPY pyproject.toml README.md ./
 COPY cooper ./cooper
-# COOPER_EXTRAS=gpu adds vLLM (policy.engine=vllm, generator assistant.backend=vllm). vLLM pins the torch it was
-# built against, so with it the torch version is vLLM's, not TORCH_VERSION.
-ARG COOPER_EXTRAS=
-RUN if [ -n "${COOPER_EXTRAS}" ]; then pip install ".[${COOPER_EXTRAS}]"; else pip install --no-deps .; fi \
-    && rm -rf /app/build
+RUN pip install --no-deps . && rm -rf /app/build
 
 RUN useradd --uid 10001 --user-group --create-home --home-dir /home/cooper cooper \
     && mkdir -p /data/checkpoints /data/runs /cache /etc/cooper \

@@ -36,11 +36,12 @@ def compose_file() -> dict:
 
 @pytest.fixture(scope="module")
 def k8s_tree(tmp_path_factory) -> Path:
-    """A copy of deploy/k8s with the overlay's git-ignored token file made from its example, as the README says."""
+    """A copy of deploy/k8s with the overlay's git-ignored secret files made from their examples, as the README says."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree)
     overlay = tree / OVERLAY
-    (overlay / "reward-http.env").write_text((overlay / "reward-http.env.example").read_text())
+    for name in ("reward-http.env", "auth.env"):
+        (overlay / name).write_text((overlay / f"{name}.example").read_text())
     return tree
 
 
@@ -80,6 +81,7 @@ def test_dockerfiles_follow_the_rules(dockerfile):
     ("COPY cooper ./cooper", "COPY cooperr ./cooper", "COPY source cooperr"),
     ("--index-url https://download.pytorch.org/whl/cpu", "", "CPU index"),
     ('"cooper.runtime.healthcheck"', '"cooper.runtime.health"', "HEALTHCHECK"),
+    ("COPY requirements/cpu.txt", "COPY pyproject.toml", "lock of exact versions"),
 ])
 def test_dockerfile_check_catches_planted_errors(tmp_path, old, new, needle):
     text = (ROOT / "docker" / "cpu.Dockerfile").read_text()
@@ -106,22 +108,27 @@ def test_compose_follows_the_deployment_rules(compose_file):
     assert compose.rule_problems(compose_file, ROOT) == []
 
 
+def _planted_compose(tmp_path, old: str, new: str) -> dict:
+    """docker-compose.yml with its first `old` replaced by `new`, loaded as compose would."""
+    text = COMPOSE.read_text()
+    assert old in text
+    planted = tmp_path / "docker-compose.yml"
+    planted.write_text(text.replace(old, new, 1))
+    return compose.load_compose(planted)
+
+
 @pytest.mark.parametrize(("old", "new", "needle"), [
     ('"127.0.0.1:50051"', '"127.0.0.1:50061"', "healthcheck checks port 50061"),
-    ("COOPER_REDIS__URL: redis://redis:6379/0", "COOPER_REDIS_URL: redis://redis:6379/0", "double underscores"),
+    ("COOPER_REDIS__URL: redis://", "COOPER_REDIS_URL: redis://", "double underscores"),
     ("COOPER_RUN__OUTPUT_DIR: /data/runs", "COOPER_RUN__OUTPUT_DIRS: /data/runs", "names no config field ('run.output_dirs')"),
-    ('      - "${REWARD_HTTP_PORT:-8000}:8000"', '      - "${REWARD_HTTP_PORT:-8000}:8000"\n      - "50052:50052"',
+    ('${REWARD_HTTP_PORT:-8000}:8000"', '${REWARD_HTTP_PORT:-8000}:8000"\n      - "50052:50052"',
      "only the reward HTTP port"),
     ("      policy:\n        condition: service_healthy", "      policy:\n        condition: service_started",
      "depend on policy with condition service_healthy"),
     ('"--appendonly", "yes"', '"--appendonly", "no"', "--appendonly yes"),
 ])
 def test_compose_rules_catch_planted_errors(tmp_path, old, new, needle):
-    text = COMPOSE.read_text()
-    assert old in text
-    planted = tmp_path / "docker-compose.yml"
-    planted.write_text(text.replace(old, new, 1))
-    problems = compose.rule_problems(compose.load_compose(planted), ROOT)
+    problems = compose.rule_problems(_planted_compose(tmp_path, old, new), ROOT)
     assert any(needle in p for p in problems), problems
 
 
@@ -138,9 +145,41 @@ def test_compose_variables_are_interpolated_like_compose():
     assert compose.interpolate("${A}-${B:-d}-${EMPTY:-e}-${EMPTY-f}-$$A-$A", env) == "x-d-e--$A-x"
     with pytest.raises(ValueError, match="B is required"):
         compose.interpolate("${B:?set it}", env)
-    loaded = compose.load_compose(COMPOSE, {"COOPER_CONFIG": "./configs/other.yaml", "REWARD_GPU": "3"})
+    for missing in compose.SECRETS_ENV:  # the required secrets, each named when it is missing
+        with pytest.raises(ValueError, match=f"{missing} is required: set {missing} in .env"):
+            compose.load_compose(COMPOSE, {k: v for k, v in compose.SECRETS_ENV.items() if k != missing})
+    loaded = compose.load_compose(COMPOSE, {**compose.SECRETS_ENV, "COOPER_CONFIG": "./configs/other.yaml",
+                                            "REWARD_GPU": "3"})
     assert loaded["services"]["verifier"]["volumes"][0].startswith("./configs/other.yaml:")
     assert loaded["services"]["reward"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["3"]
+
+
+def test_compose_wires_the_token_and_the_redis_password(compose_file):
+    assert compose.secret_problems(compose_file, ROOT) == []
+    by_name = compose.containers(compose_file, ROOT)
+    assert {c.env["COOPER_SECURITY__TOKEN"] for c in by_name.values()} == {"test-grpc-token"}
+    assert by_name["orchestrator"].env["COOPER_REDIS__URL"] == "redis://:test-redis-password@redis:6379/0"
+    assert compose._published_host_ips(compose_file["services"]["reward"]) == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("  COOPER_SECURITY__TOKEN: ${COOPER_GRPC_TOKEN:?set COOPER_GRPC_TOKEN in .env (see the top of this file)}\n", "",
+     "COOPER_SECURITY__TOKEN is unset or empty"),
+    ("redis://:${COOPER_REDIS_PASSWORD", "redis://${COOPER_REDIS_PASSWORD", "COOPER_REDIS__URL must carry Redis's password"),
+    ('              "--requirepass", ', "              ", "Redis must run with --requirepass"),
+    ('"${REWARD_HTTP_BIND:-127.0.0.1}:', '"', "publishes on ['every interface'] without COOPER_REWARD__HTTP__TOKEN"),
+])
+def test_compose_secret_rules_catch_planted_errors(tmp_path, old, new, needle):
+    problems = compose.secret_problems(_planted_compose(tmp_path, old, new), ROOT)
+    assert any(needle in p for p in problems), problems
+
+
+def test_compose_publishes_the_reward_api_widely_only_with_its_token():
+    public = {**compose.SECRETS_ENV, "REWARD_HTTP_BIND": "0.0.0.0"}
+    problems = compose.secret_problems(compose.load_compose(COMPOSE, public), ROOT)
+    assert problems == [f"compose service {name}: publishes on ['0.0.0.0'] without COOPER_REWARD__HTTP__TOKEN; "
+                        "bind 127.0.0.1 unless a token is set" for name in ("reward", "reward-replica")]
+    assert compose.secret_problems(compose.load_compose(COMPOSE, {**public, "COOPER_REWARD_TOKEN": "t"}), ROOT) == []
 
 
 # --- Kubernetes ------------------------------------------------------------------------------------------------
@@ -155,6 +194,18 @@ def test_k8s_manifests_match_the_kubernetes_schemas(builds, build, version):
 def test_k8s_references_and_rules(builds, build):
     assert k8s.reference_problems(builds[build]) == []
     assert k8s.rule_problems(builds[build]) == []
+
+
+@pytest.mark.parametrize("build", ["base", "overlay"])
+def test_k8s_secrets_reach_every_container_and_redis(builds, build):
+    assert k8s.secret_problems(builds[build]) == []
+    tokens = {c.role: c.env["COOPER_SECURITY__TOKEN"] for c in k8s.containers(builds[build])}
+    assert set(tokens) == {*SERVICES, "reward-replica", "orchestrator"}  # every gRPC server and its one client
+    want = {"base": ("", "redis://:@redis:6379/0"),
+            "overlay": ("replace-with-a-long-random-token", "redis://:replace-with-a-long-random-password@redis:6379/0")}
+    orchestrator = next(c for c in k8s.containers(builds[build]) if c.role == "orchestrator")
+    assert (tokens.pop("orchestrator"), orchestrator.env["COOPER_REDIS__URL"]) == want[build]
+    assert set(tokens.values()) == {want[build][0]}
 
 
 @pytest.mark.parametrize(("build", "metrics_from_monitoring"), [("base", False), ("overlay", True)])
@@ -193,6 +244,24 @@ def _planted_base(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str)
      "network", "outsider (elsewhere) -> policy:50053 is allowed, expected denied"),
     ("networkpolicy.yaml", "          port: 8000", "          port: 8080", "network", "-> reward:8000 is denied"),
     ("verifier.yaml", "  # No `replicas`: the HPA owns it", "  replicas: 2\n  # No `replicas`", "refs", "sets spec.replicas"),
+    ("reward-replica.yaml", "    name: reward-replica\n  minReplicas", "    name: reward\n  minReplicas", "rules",
+     "no HorizontalPodAutoscaler scales the reward-replica"),
+    ("reward-replica.yaml", "              value: replica", "              value: trainer", "rules",
+     "no container runs the reward-replica"),
+    ("networkpolicy.yaml", 'values: ["reward", "reward-replica"]', 'values: ["reward"]', "network",
+     "-> reward-replica:8000 is denied"),
+    ("policy.yaml", "            - name: COOPER_SECURITY__TOKEN", "            - name: COOPER_SECURITY__TOKN", "secrets",
+     "policy container policy: COOPER_SECURITY__TOKEN must come from a Secret"),
+    ("orchestrator.yaml", "                  key: grpc-token", "                  key: redis-password", "secrets",
+     "the gRPC token comes from different Secret keys"),
+    ("orchestrator.yaml", "redis://:$(REDIS_PASSWORD)@redis", "redis://redis", "secrets",
+     "COOPER_REDIS__URL (redis://redis:6379/0) must carry Redis's password"),
+    ("redis.yaml", '${REDIS_PASSWORD:+--requirepass "$REDIS_PASSWORD"}', "", "secrets",
+     "must run with --requirepass and REDIS_PASSWORD from a Secret"),
+    # With TLS on, Kubernetes' grpc probes (no TLS) must go to the plaintext health port.
+    ("cooper.env", "COOPER_VERIFIER__SERVER__HOST=0.0.0.0", "COOPER_VERIFIER__SERVER__HOST=0.0.0.0\n"
+     "COOPER_SECURITY__TLS_CERT=/tls/tls.crt\nCOOPER_SECURITY__TLS_KEY=/tls/tls.key\nCOOPER_VERIFIER__SERVER__HEALTH_PORT=50061",
+     "rules", "readinessProbe must be a gRPC probe on port 50061 (TLS is on: the plaintext server.health_port)"),
 ])
 def test_k8s_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, check, needle):
     objs = _planted_base(k8s_tree, tmp_path, file, old, new)
@@ -201,6 +270,7 @@ def test_k8s_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, che
         "rules": lambda: k8s.rule_problems(objs),
         "refs": lambda: k8s.reference_problems(objs),
         "network": lambda: k8s.network_problems(objs, metrics_from_monitoring=False),
+        "secrets": lambda: k8s.secret_problems(objs),
         "none": lambda: [*k8s.rule_problems(objs), *k8s.reference_problems(objs), *k8s.network_problems(objs, False)],
     }[check]()
     if check == "none":
@@ -249,8 +319,8 @@ def test_kustomization_typos_are_errors(k8s_tree, tmp_path):
 
 @pytest.mark.parametrize("deployment", ["compose", "base", "overlay"])
 def test_every_service_command_accepts_its_config(config_runs, compose_file, builds, deployment):
-    runs = [r for r in config_runs[deployment] if r.container.role in SERVICES]
-    assert sorted(r.container.role for r in runs) == sorted(SERVICES)
+    runs = [r for r in config_runs[deployment] if r.container.role in (*SERVICES, common.REPLICA)]
+    assert sorted(r.container.role for r in runs) == sorted([*SERVICES, common.REPLICA])
     assert common.config_run_problems(runs, _reachable(deployment, compose_file, builds)) == []
 
 
@@ -276,6 +346,19 @@ def test_config_runs_catch_a_bad_key_and_a_wrong_port(compose_file, tmp_path):
     problems = common.config_run_problems(runs, compose.reachable(compose_file))
     assert any("planted wrong port: verifier.server.port is 50061" in p for p in problems), problems
     assert any(p.startswith("planted bad key") and "exited 2" in p for p in problems), problems
+
+
+def test_replicas_mount_the_checkpoints_read_only_and_the_trainer_read_write(compose_file, builds):
+    """Checked on the real containers, then on each one with the mount flipped."""
+    for container in [*compose.containers(compose_file, ROOT).values(), *k8s.containers(builds["base"])]:
+        if container.role not in ("reward", common.REPLICA):
+            continue
+        config = load_config(None, environ=container.env).model_dump()
+        assert common.persistence_problems(container.role, config, container) == []
+        flipped = Container(container.origin, container.image, container.argv, container.env, container.files,
+                            container.volumes, [] if container.read_only else list(container.volumes))
+        problems = common.persistence_problems(container.role, config, flipped)
+        assert len(problems) == 1 and "reward replica mounts the trainer's checkpoints read-only" in problems[0]
 
 
 def test_env_names_map_to_config_fields():
@@ -375,6 +458,10 @@ def test_readme_deploy_commands_match_the_files():
         assert (ROOT / path).exists() or (ROOT / f"{path}.example").exists(), f"README names {path}, which does not exist"
     for directory in re.findall(r"kubectl apply -k (\S+)", section):
         assert (ROOT / directory / "kustomization.yaml").is_file(), directory
-    routes = set(re.findall(r'@app\.(?:get|post)\("([^"]+)"', (ROOT / "cooper/services/reward/http.py").read_text()))
+    from cooper.config import RewardConfig
+    from cooper.services.reward.http import create_app
+
+    # The app's own routes (building the app starts nothing; some routes are registered in a loop, not decorated)
+    routes = {route.path for route in create_app(RewardConfig()).routes}
     for url in re.findall(r"curl [^\n]*?http://[\w.-]+:(\d+)(/[\w/]+)", section):
         assert int(url[0]) == common.default_ports()["reward"]["http"] and url[1] in routes, url

@@ -1,68 +1,124 @@
-"""`cooper experiment`: the three reward modes on the same data and seed, one after another, and their curves.
+"""`cooper experiment`: the three reward modes on the same data, models and seeds, and the pictures that compare them.
 
 This is the paper's comparison in one command: rule (the verifier's 1/0), static (a frozen VerifyRM, which the
-policy learns to exploit) and cooper (VerifyRM trained alongside). Each mode is an ordinary run in
-`<output_dir>/<name>-<mode>/`; the comparison plot and table go to `<output_dir>/<name>/`.
+policy learns to exploit) and cooper (VerifyRM trained alongside). Each (mode, seed) is an ordinary `cooper train`
+run in `<output_dir>/<name>-<mode>-s<seed>/`, started as a process of its own so that several can share the machine
+(`--parallel`); every run gets the identical config but for `run.mode` and `run.seed`. Before the runs, best-of-n
+of the initial VerifyRM against the initial policy measures the RM's blind spots without any training (the baseline
+of the over-optimisation plot). The comparison goes to `<output_dir>/<name>/`: compare.png, overoptimization.png,
+rm_health.png, best_of_n.json, results.md (the table) and results.json (the reproduction verdict,
+cooper/orchestrator/reproduction.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cooper.config import CooperConfig
+from cooper.orchestrator.figures import (
+    COLORS,
+    finish_panel,
+    mean_over_seeds,
+    overoptimization_plot,
+    rm_health_plot,
+    save,
+)
 from cooper.orchestrator.outputs import read_metrics
+from cooper.orchestrator.reproduction import judge, results_table, summarize
 
 MODES = ("rule", "static", "cooper")
-COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green"}
 PANELS = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy"),
-          ("rm_verifier_disagreement", "VerifyRM vs verifier disagreement")]
+          ("rm_verifier_disagreement", "VerifyRM vs verifier disagreement"),
+          ("rm_auroc", "VerifyRM AUROC vs verifier (rollouts)")]
+Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
 
 
-def compare_plot(runs: dict[str, list[dict[str, Any]]], path: Path) -> Path:
-    """One panel per monitored quantity (and per benchmark's test accuracy), one line per mode."""
+def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]]]:
+    """Accept {mode: records} (one seed) or {mode: [records, ...]} (several)."""
+    out = {}
+    for mode, value in runs.items():
+        out[mode] = [value] if value and isinstance(value[0], Mapping) else list(value)
+    return out
+
+
+def accuracy_points(records: Sequence[Mapping[str, Any]], benchmark: str) -> list[tuple[int, float]]:
+    """(updates so far, test accuracy): the initial evaluation at 0, the one after step t at t + 1."""
+    points = [(0, float(records[0][f"test_initial/{benchmark}"]))] if records and \
+        records[0].get(f"test_initial/{benchmark}") is not None else []
+    points += [(int(r["step"]) + 1, float(r[f"test/{benchmark}"])) for r in records
+               if r.get(f"test/{benchmark}") is not None]
+    return points
+
+
+def compare_plot(runs: Runs, path: Path) -> Path:
+    """One panel per monitored quantity (and per benchmark's test accuracy), one line per mode: the mean over
+    seeds, with each seed as a thin line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    tests = sorted({k for records in runs.values() for r in records for k in r if k.startswith("test/")})
-    panels = PANELS + [(k, f"test accuracy ({k[5:]})") for k in tests]
+    by_mode = _as_seeds(runs)
+    tests = sorted({k[5:] for seeds in by_mode.values() for records in seeds for r in records for k in r
+                    if k.startswith("test/")})
+    panels = PANELS + [(f"test/{k}", f"test accuracy ({k})") for k in tests]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=110, squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
-        for mode, records in runs.items():
-            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) > 1 else "o",
-                        label=mode, color=COLORS.get(mode))
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylim(-0.02, 1.02)
+        for mode, seeds in by_mode.items():
+            color = COLORS.get(mode)
+            if key.startswith("test/"):
+                per_seed = [accuracy_points(records, key[5:]) for records in seeds]
+                by_x: dict[int, list[float]] = {}
+                for points in per_seed:
+                    for x, y in points:
+                        by_x.setdefault(x, []).append(y)
+                mean = sorted((x, sum(ys) / len(ys)) for x, ys in by_x.items())
+                ax.set_xlabel("policy updates")
+            else:
+                per_seed = [[(int(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
+                            for records in seeds]
+                mean = mean_over_seeds(seeds, key)
+                ax.set_xlabel("step")
+            if len(seeds) > 1:
+                for points in per_seed:
+                    ax.plot([p[0] for p in points], [p[1] for p in points], color=color, alpha=0.25, linewidth=0.8)
+            if mean:
+                ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
+                        label=mode + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        finish_panel(ax, title, fontsize=10)
+    return save(fig, path)
 
 
-def compare_table(runs: dict[str, list[dict[str, Any]]]) -> str:
-    """Last-step numbers per mode: what the paper's table reports, plus the hacking monitor."""
-    keys = ["reward_mean", "verifier_accuracy", "rm_verifier_disagreement"]
-    keys += sorted({k for records in runs.values() for r in records for k in r if k.startswith("test/")})
+def compare_table(runs: Runs) -> str:
+    """Last-step numbers per mode (mean over seeds): what the paper's table reports, plus the hacking monitor."""
+    by_mode = _as_seeds(runs)
+    keys = ["reward_mean", "verifier_accuracy", "rm_verifier_disagreement", "rm_auroc", "kl_from_initial"]
+    keys += sorted({k for seeds in by_mode.values() for records in seeds for r in records for k in r
+                    if k.startswith("test/")})
     rows = [["mode", *keys]]
-    for mode, records in runs.items():
-        rows.append([mode, *[_fmt(_last_value(records, k)) for k in keys]])
+    for mode, seeds in by_mode.items():
+        cells = []
+        for key in keys:
+            values = [v for v in (_last_value(records, key) for records in seeds) if v is not None]
+            cells.append(_fmt(sum(values) / len(values) if values else None))
+        rows.append([mode, *cells])
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
 
-def _last_value(records: list[dict[str, Any]], key: str) -> Any:
+def _last_value(records: Sequence[Mapping[str, Any]], key: str) -> Any:
     return next((r[key] for r in reversed(records) if r.get(key) is not None), None)
 
 
@@ -72,20 +128,142 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, progress: bool = True) -> Path:
-    from cooper.config import with_overrides
-    from cooper.orchestrator.launch import train
+# ----- running -----
 
+def _write_config(config: CooperConfig, path: Path) -> Path:
+    """The experiment's config for its runs, secrets included (mode 600), like a run's resolved config."""
+    from cooper.orchestrator.launch import revealed
+
+    path.write_text(yaml.safe_dump(revealed(config), sort_keys=False))
+    os.chmod(path, 0o600)
+    return path
+
+
+def _start_run(config_path: Path, mode: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
+            f"run.mode={mode}", f"run.seed={seed}", f"run.name={run_name}"]
+    with log_path.open("w") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_all(config: CooperConfig, jobs: Sequence[tuple[str, int]], name: str, out: Path, parallel: int,
+            progress: bool) -> dict[tuple[str, int], Path]:
+    """Run every (mode, seed) as its own `cooper train` process, `parallel` at a time, with one progress bar over
+    all their steps. A run that fails stops the experiment with its log's path."""
+    from tqdm import tqdm
+
+    config_path = _write_config(config, out / "config.resolved.yaml")
+    run_dirs = {job: Path(config.run.output_dir) / f"{name}-{job[0]}-s{job[1]}" for job in jobs}
+    waiting, running = list(jobs), {}
+    bar = tqdm(total=len(jobs) * config.run.steps, disable=not progress, unit="step", dynamic_ncols=True,
+               desc=f"experiment {name}")
+    counted: dict[tuple[str, int], int] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                job = waiting.pop(0)
+                running[job] = _start_run(config_path, job[0], job[1], run_dirs[job].name,
+                                          out / f"{job[0]}-s{job[1]}.log")
+            time.sleep(0.5)
+            for job, process in list(running.items()):
+                done = _lines(run_dirs[job] / "metrics.jsonl")
+                bar.update(done - counted.get(job, 0))
+                counted[job] = done
+                code = process.poll()
+                if code is None:
+                    continue
+                del running[job]
+                if code != 0:
+                    raise RuntimeError(f"the {job[0]} run of seed {job[1]} failed (exit {code}); its output is in "
+                                       f"{out / f'{job[0]}-s{job[1]}.log'}")
+                bar.set_postfix(finished=f"{job[0]} s{job[1]}")
+    finally:
+        for process in running.values():
+            process.terminate()
+        for process in running.values():
+            process.wait(timeout=60)
+        bar.close()
+    return run_dirs
+
+
+def _lines(path: Path) -> int:
+    try:
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+def exploit_report(config: CooperConfig, final_runs: Mapping[str, Path], samples: int = 4,
+                   max_problems: int = 32, shown: int = 5) -> str:
+    """What each mode's final policy writes, judged by the initial VerifyRM and the verifier: the samples of the
+    trained policy that the initial RM scores highest although the verifier says they are wrong (the exploit)."""
+    from cooper.orchestrator.best_of_n import sample_and_judge, top_scored_wrong
+    from cooper.services.policy.checkpoint import latest_checkpoint
+
+    lines = ["# What the trained policies write, judged by the initial VerifyRM", "",
+             f"{samples} samples per problem on {max_problems} test problems from each mode's final policy (first "
+             "seed), scored by the initial VerifyRM (the one static trains against) and checked by the verifier.", ""]
+    checkpoints = {mode: latest_checkpoint(run_dir / "checkpoints" / "policy") for mode, run_dir in final_runs.items()}
+    checkpoints = {mode: path for mode, path in checkpoints.items() if path is not None}
+    _, by_model = sample_and_judge(config, [str(p) for p in checkpoints.values()], samples, max_problems)
+    for mode, checkpoint in checkpoints.items():
+        judged = by_model[str(checkpoint)]
+        flat = [x for _, group in judged for x in group]
+        accuracy = sum(c for _, c, _ in flat) / len(flat)
+        mean_score = sum(s for s, _, _ in flat) / len(flat)
+        lines += [f"## {mode} ({checkpoint.name})", "",
+                  f"verifier accuracy {accuracy:.3f}, mean initial-RM score {mean_score:.3f}; "
+                  "top-scored verifier-wrong samples:", ""]
+        for example in top_scored_wrong(judged, shown):
+            lines.append(f"- {example['score']:.3f} · reference {example['reference']} · "
+                         f"`{example['completion']!r}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: Sequence[int] | None = None,
+                   parallel: int = 1, best_of_n_samples: int = 32, progress: bool = True) -> tuple[Path, dict[str, Any]]:
+    """Run every mode for every seed; write the comparison and the reproduction verdict; return its directory and
+    the verdict (what results.json holds)."""
+    from cooper.orchestrator.launch import prepare_models
+
+    seeds = list(seeds) if seeds else [config.run.seed]
     name = config.run.name or f"experiment-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(config.run.output_dir) / name
     out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for mode in modes:
-        run_dir = train(with_overrides(config, [f"run.mode={mode}", f"run.name={name}-{mode}"]), progress=progress)
-        runs[mode] = read_metrics(run_dir)
+    started = time.monotonic()
+    prepare_models(config, reward=True)  # once, here, rather than raced by the first parallel runs
+    curve = []
+    if best_of_n_samples and any(mode != "rule" for mode in modes):
+        from cooper.orchestrator.best_of_n import BestOfN, measure_best_of_n
+
+        measured = measure_best_of_n(config, samples=best_of_n_samples)
+        (out / "best_of_n.json").write_text(json.dumps(measured, indent=2))
+        curve = [BestOfN(**p) for p in measured["curve"]]
+    jobs = [(mode, seed) for seed in seeds for mode in modes]
+    run_dirs = run_all(config, jobs, name, out, parallel, progress)
+    records = {job: read_metrics(path) for job, path in run_dirs.items()}
+    runs = {mode: [records[(mode, seed)] for seed in seeds] for mode in modes}
     compare_plot(runs, out / "compare.png")
-    (out / "runs.json").write_text(json.dumps({m: f"{name}-{m}" for m in modes}, indent=2))
-    table = compare_table(runs)
-    (out / "summary.txt").write_text(table + "\n")
-    print(f"\n{table}\n\ncomparison: {out / 'compare.png'}")
-    return out
+    overoptimization_plot(runs, out / "overoptimization.png", curve)
+    rm_health_plot({m: r for m, r in runs.items() if m != "rule"}, out / "rm_health.png")
+    benchmark = next((k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")), None)
+    summaries = []
+    if benchmark is not None:
+        for (mode, seed), recs in records.items():
+            start = recs[0].get(f"test_initial/{benchmark}") if recs else None
+            if start is not None:
+                summaries.append(summarize(mode, seed, recs, f"test/{benchmark}", float(start)))
+    verdict = {**judge(summaries), "seeds": seeds, "modes": list(modes), "benchmark": benchmark,
+               "seconds": round(time.monotonic() - started, 1),
+               "run_dirs": {f"{m}-s{s}": str(p) for (m, s), p in run_dirs.items()}}
+    (out / "results.json").write_text(json.dumps(verdict, indent=2))
+    table = results_table(summaries)
+    (out / "results.md").write_text(table + "\n")
+    if curve:
+        (out / "exploits.md").write_text(exploit_report(config, {mode: run_dirs[(mode, seeds[0])] for mode in modes}))
+    summary = compare_table(runs)
+    (out / "summary.txt").write_text(summary + "\n")
+    print(f"\n{summary}\n\n{table}\n\nreproduced: {verdict['reproduced']}   "
+          f"({verdict['seconds']:.0f} s)\ncomparison: {out}/compare.png, overoptimization.png, rm_health.png")
+    return out, verdict

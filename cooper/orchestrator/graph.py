@@ -1,4 +1,4 @@
-"""The step graph (DESIGN.md section 4): which jobs a step has and what each waits for. Pure; no Redis.
+"""The step graph (docs/design.md, section 5): which jobs a step has and what each waits for. Pure; no Redis.
 
     rollout(t) ─┬─ score(t) ──────────────── policy_update(t) ── rollout(t+1)
                 └─ verify(t) ── negatives(t) ┐
@@ -7,7 +7,8 @@
 Modes change the graph, not the code: `rule` scores with the verifier's verdicts (score(t) waits for verify(t)
 and the reward service is never called); `static` never updates VerifyRM (no negatives, no reward_update);
 `cooper` has it all. Evaluation after step t, when due, runs before rollout(t+1) so that it sees exactly the
-weights of version t+1.
+weights of version t+1. With evaluation on, the run also evaluates the initial policy: evaluate(-1), the only job of
+"step -1", which policy_update(0) waits for, so it sees version 0 (where every mode starts from).
 """
 
 from __future__ import annotations
@@ -41,12 +42,19 @@ class StepGraph:
         self.mode, self.steps, self.eval_every = mode, steps, eval_every
 
     def evaluates_after(self, step: int) -> bool:
-        """Evaluation follows step `step` every eval_every steps and after the last step (when enabled)."""
+        """Evaluation follows step `step` every eval_every steps and after the last step, and "step -1" is the
+        initial policy's evaluation (when enabled)."""
         if self.eval_every <= 0:
             return False
-        return (step + 1) % self.eval_every == 0 or step == self.steps - 1
+        return step == -1 or (step + 1) % self.eval_every == 0 or step == self.steps - 1
+
+    def first_step(self) -> int:
+        """-1 when the initial policy is evaluated (its job is step -1's only one), else 0."""
+        return -1 if self.evaluates_after(-1) else 0
 
     def stages(self, step: int) -> list[str]:
+        if step == -1:
+            return [EVALUATE] if self.evaluates_after(-1) else []
         stages = [ROLLOUT, VERIFY, SCORE, POLICY_UPDATE]
         if self.mode == "cooper":
             stages += [NEGATIVES, REWARD_UPDATE]
@@ -56,6 +64,10 @@ class StepGraph:
 
     def jobs(self, step: int) -> list[Job]:
         return [Job(step, s) for s in self.stages(step)]
+
+    def logged_jobs(self, step: int) -> list[Job]:
+        """The jobs whose results step `step`'s record reads: its own, and for step 0 the initial evaluation."""
+        return self.jobs(step) + (self.jobs(-1) if step == 0 else [])
 
     def dependencies(self, job: Job) -> list[Job]:
         t, stage = job.step, job.stage
@@ -76,13 +88,15 @@ class StepGraph:
                 deps.append(Job(t - 1, REWARD_UPDATE))  # score(t) uses v_t, the model after reward_update(t-1)
             return deps
         if stage == POLICY_UPDATE:
+            if t == 0 and self.evaluates_after(-1):
+                return [Job(t, SCORE), Job(-1, EVALUATE)]  # the initial evaluation sees version 0
             return [Job(t, SCORE)]
         if stage == NEGATIVES:
             return [Job(t, VERIFY)]
         if stage == REWARD_UPDATE:
             return [Job(t, NEGATIVES), Job(t, SCORE)]  # never train v_t before score(t) has used it
         if stage == EVALUATE:
-            return [Job(t, POLICY_UPDATE)]
+            return [] if t == -1 else [Job(t, POLICY_UPDATE)]
         raise ValueError(f"unknown stage {stage!r}")
 
     def dependents(self, job: Job) -> list[Job]:
@@ -91,7 +105,7 @@ class StepGraph:
         return [c for c in candidates if job in self.dependencies(c)]
 
     def roots(self) -> list[Job]:
-        return [Job(0, ROLLOUT)]
+        return [Job(0, ROLLOUT)] + self.jobs(-1)
 
     def step_complete(self, step: int, done: set[str]) -> bool:
         return all(j.id in done for j in self.jobs(step))

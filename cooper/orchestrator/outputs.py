@@ -90,6 +90,8 @@ def summary_table(records: list[dict[str, Any]]) -> str:
                ("pair acc after", "pair_accuracy_after"), ("RM v", "reward_version_used"),
                ("policy v", "policy_version")]
     columns += [(k[5:] + " test acc", k) for k in sorted({k for r in records for k in r if k.startswith("test/")})]
+    if any("rm_bench/accuracy" in r for r in records):
+        columns.append(("RM bench acc", "rm_bench/accuracy"))
     picks = sorted({0, len(records) // 2, len(records) - 1})
     rows = [[name for name, _ in columns]]
     for i in picks:

@@ -87,7 +87,12 @@ class RunStore:
         return json.loads(raw) if raw else None
 
     def attempts(self, job_id: str) -> int:
+        """Count one more attempt of the job; returns the count."""
         return int(self.redis.hincrby(self.key("attempts"), job_id, 1))
+
+    def reset_attempts(self) -> None:
+        """Every job gets its full attempts again (a resumed run)."""
+        self.redis.delete(self.key("attempts"))
 
     def finish(self, job_id: str, result: dict[str, Any]) -> None:
         """Record the result and mark the job done, in one transaction."""
@@ -124,7 +129,12 @@ class RunStore:
         return {k: json.loads(v) for k, v in self.redis.hgetall(self.key("state")).items()}
 
     def fail_run(self, message: str) -> None:
-        self.set_state(error=message)
+        """Mark the run failed; the driver stops with `message`. The first failure wins: later ones are its echoes."""
+        self.redis.hsetnx(self.key("state"), "error", json.dumps(message))
+
+    def clear_error(self) -> None:
+        """Forget the failure that stopped the run (a resume after the cause was fixed)."""
+        self.redis.hdel(self.key("state"), "error")
 
     def clear(self) -> None:
         """Delete every key of this run."""

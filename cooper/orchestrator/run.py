@@ -18,19 +18,23 @@ from typing import Any
 from tqdm import tqdm
 
 from cooper.config import CooperConfig
+from cooper.evaluation.monitor import auroc, false_positive_rate
+from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.orchestrator import graph as g
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog
-from cooper.orchestrator.queue import RunStore
+from cooper.orchestrator.queue import JobStatus, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker, worker_name
+from cooper.runtime.client import ServiceUnavailable
 
 log = logging.getLogger("cooper.orchestrator")
 
 
 class RunFailed(RuntimeError):
-    """A job failed past its retries; the message names the job and its error."""
+    """A job failed past its retries, or a service was lost; the message names the job (or service), the error,
+    and how to go on."""
 
 
 def _mean(values: list[float]) -> float | None:
@@ -60,8 +64,17 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         # How often VerifyRM (reward > 0.5) and the verifier disagree: the first sign of reward hacking.
         record["rm_verifier_disagreement"] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
         record["reward_accuracy_gap"] = record["reward_mean"] - record["verifier_accuracy"]
+        # Threshold-free: does VerifyRM still rank the verifier's correct rollouts above its wrong ones? And how
+        # many wrong ones does it accept (sigmoid(logit) > 0.5)? On the logits, which the discrete variant keeps.
+        logits = sc.get("logits") or [r - 0.5 for r in rewards]
+        record["rm_auroc"] = auroc(logits, correct)
+        record["rm_false_positive_rate"] = false_positive_rate(logits, correct, threshold=0.0)
     for key, value in pu["metrics"].items():
         record[f"policy/{key}"] = value
+    if "kl_seq" in pu["metrics"]:  # the policy reports kl_seq only when it measured KL against its initial weights
+        # KL(pi || pi_initial) per completion, the x axis of the over-optimisation plot (Gao et al. 2022): the
+        # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
+        record["kl_from_initial"] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
     if graph.mode == "cooper":
         ng, ru = results[g.NEGATIVES], results[g.REWARD_UPDATE]
         record.update({
@@ -75,9 +88,27 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
     if graph.evaluates_after(step):
         for name, accuracy in results[g.EVALUATE]["accuracy"].items():
             record[f"test/{name}"] = accuracy
+        for key, value in results[g.EVALUATE].get("rm_bench", {}).items():
+            record[f"rm_bench/{key}"] = value
+    if step == 0 and graph.evaluates_after(-1):  # the initial policy's evaluation, before any update
+        initial = ctx.result(g.EVALUATE, -1)
+        for name, accuracy in initial["accuracy"].items():
+            record[f"test_initial/{name}"] = accuracy
+        for key, value in initial.get("rm_bench", {}).items():
+            record[f"rm_bench_initial/{key}"] = value
+        record["time/evaluate_initial"] = initial["seconds"]
     for stage, result in results.items():
         record[f"time/{stage}"] = result["seconds"]
     return record
+
+
+def rm_benchmark(config: CooperConfig) -> list[BenchItem]:
+    """The items of eval.rm_benchmark_path; none in rule mode, where no reward model runs."""
+    path = config.eval.rm_benchmark_path
+    if path and config.run.mode == "rule":
+        log.warning("eval.rm_benchmark_path is ignored in rule mode: there is no reward model to score it")
+        return []
+    return load_bench(path) if path else []
 
 
 class Orchestrator:
@@ -87,7 +118,7 @@ class Orchestrator:
         rows, tests = load_data(config)
         self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every)
         self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
-                                addresses)
+                                addresses, rm_benchmark(config))
         self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]
 
     def _start(self, resume: bool) -> int:
@@ -99,6 +130,10 @@ class Orchestrator:
             return 0
         if not resume:
             raise RunFailed(f"run {self.run_id} already has state in Redis; resume it with --resume {self.run_id}")
+        if state.get("error"):  # the run stopped on a failure; resuming is the user's word that it is fixed
+            log.info("resuming after the failure: %s", state["error"])
+            self.store.clear_error()
+        self.store.reset_attempts()
         # The previous orchestrator is gone: its unacknowledged jobs go back on the queue at once.
         for message_id, job_id in self.store.claim_stale("resume", 0):
             log.info("re-queueing job %s left unfinished by the previous run", job_id)
@@ -106,13 +141,24 @@ class Orchestrator:
             self.store.ack(message_id)
         next_step = int(state.get("logged_through", -1)) + 1
         # A crash between recording a job and enqueueing what it unblocked leaves that job done and the next one
-        # never queued; enqueue (idempotently) every job whose inputs are all done.
+        # never queued; enqueue (idempotently) every job whose inputs are all done. A job that failed for good
+        # was enqueued before (so enqueue() would skip it) and is on no queue: it is queued again.
         done = self.store.done()
-        for step in range(next_step, self.config.run.steps):
+        first = self.graph.first_step() if next_step == 0 else next_step
+        for step in range(first, self.config.run.steps):
             for job in self.graph.jobs(step):
                 if job.id not in done and all(d.id in done for d in self.graph.dependencies(job)):
-                    self.store.enqueue(job.id)
+                    if (self.store.status(job.id) or {}).get("status") == JobStatus.FAILED.value:
+                        log.info("re-queueing job %s, which failed the previous run", job.id)
+                        self.store.requeue(job.id)
+                    else:
+                        self.store.enqueue(job.id)
         return next_step
+
+    def _failed(self, error: str, step: int) -> RunFailed:
+        """The run-stopping error, with where the run stands and what to do next."""
+        return RunFailed(f"{error}\nThe run stopped before step {step}; its state is kept. Fix the cause (service "
+                         f"logs: {self.run_dir / 'logs'}), then continue it with: cooper train --resume {self.run_id}")
 
     def _checkpoint(self, step: int) -> None:
         policy = self.ctx.client("policy").save(tag=f"step-{step}")
@@ -139,7 +185,7 @@ class Orchestrator:
             while next_step < steps:
                 error = self.store.state().get("error")
                 if error:
-                    raise RunFailed(error)
+                    raise self._failed(error, next_step)
                 if not self.graph.step_complete(next_step, self.store.done()):
                     time.sleep(0.02)
                     continue
@@ -150,8 +196,12 @@ class Orchestrator:
                                      reward_version=record.get("reward_version", record["reward_version_used"]),
                                      data_epoch=record["data_epoch"], data_offset=record["data_offset"])
                 if (every and (next_step + 1) % every == 0) or next_step == steps - 1:
-                    self._checkpoint(next_step)
-                self.store.delete_results([job.id for job in self.graph.jobs(next_step)])
+                    try:
+                        self._checkpoint(next_step)
+                    except ServiceUnavailable as err:  # the services keep their own per-update checkpoints
+                        raise self._failed(f"checkpoint after step {next_step}: {type(err).__name__}: {err}",
+                                           next_step + 1) from None
+                self.store.delete_results([job.id for job in self.graph.logged_jobs(next_step)])
                 last_test.update({k[5:]: v for k, v in record.items() if k.startswith("test/")})
                 bar.set_postfix(reward=f"{record['reward_mean']:.2f}", verifier=f"{record['verifier_accuracy']:.2f}",
                                 **{f"test_{k}": f"{v:.2f}" for k, v in last_test.items()})
@@ -161,10 +211,12 @@ class Orchestrator:
             bar.close()
             for worker in self.workers:
                 worker.stop_event.set()
-            for thread in threads:
-                thread.join(timeout=60)
-            metrics.close()
+            # Closing the clients first ends calls that wait for a service (up to unavailable_timeout_s); a job cut
+            # short stays pending and the resumed run does it again (idempotently).
             self.ctx.close()
+            for thread in threads:
+                thread.join(timeout=10)
+            metrics.close()
         return records
 
 

@@ -3,6 +3,10 @@
 Each reads its inputs from the results of the jobs it depends on, calls services through their clients, and
 returns a JSON-able result that the worker records in Redis. Re-running a job is harmless: Generate is seeded
 by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure reads.
+
+Every job that touches a model checks that the model is at the version the run recorded (`expect_version`): a
+service restarted from a checkpoint behind the run (`save_every` > 1) would otherwise train step t on the
+weights of an earlier step, a mixture no metric would show. Such a job fails the run at once (InconsistentRun).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cooper.config import CooperConfig
+from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.queue import RunStore
@@ -36,9 +41,13 @@ class StageContext:
     data: StepData
     tests: dict[str, list[Example]]
     addresses: dict[str, str]
+    rm_bench: list[BenchItem] = field(default_factory=list)  # eval.rm_benchmark_path's items; empty: none
     _clients: dict[str, Any] = field(default_factory=dict)
+    _closed: bool = False
 
     def client(self, name: str) -> Any:
+        if self._closed:  # a job still running while the run stops must not open a client that outlives it
+            raise RuntimeError(f"the run is stopping; the {name} service is not called any more")
         if name not in self._clients:
             if name not in self.addresses:
                 raise RuntimeError(f"stage needs the {name} service, but no address is configured for it")
@@ -51,14 +60,15 @@ class StageContext:
                 from cooper.services.verifier.client import VerifierClient as cls  # type: ignore[assignment]
             else:
                 from cooper.services.generator.client import GeneratorClient as cls  # type: ignore[assignment]
-            self._clients[name] = cls(self.addresses[name], server_config)
+            self._clients[name] = cls(self.addresses[name], server_config, self.config.security)
         return self._clients[name]
 
     def result(self, stage: str, step: int) -> dict[str, Any]:
         return self.store.result(graph.Job(step, stage).id)
 
     def close(self) -> None:
-        for client in self._clients.values():
+        self._closed = True
+        for client in list(self._clients.values()):
             client.close()
         self._clients.clear()
 
@@ -78,6 +88,45 @@ def _examples_by_id(rollout: dict[str, Any]) -> dict[str, dict[str, str]]:
     return {p["id"]: p for p in rollout["prompts"]}
 
 
+class InconsistentRun(RuntimeError):
+    """A service's model is not at the version the run recorded. Not retried: nothing but a person can fix it."""
+
+    retryable = False
+
+
+def recorded(ctx: StageContext, stage: str, step: int, key: str, state_key: str) -> Any:
+    """`key` of the result of job stage:step; once that step was logged (and its results deleted), the run state's
+    `state_key`, which the driver sets from the same result before deleting it."""
+    try:
+        return ctx.result(stage, step)[key]
+    except KeyError:
+        state = ctx.store.state()
+        if int(state.get("logged_through", -1)) >= step and state_key in state:
+            return state[state_key]
+        raise
+
+
+def expect_version(service: str, actual: int, expected: int, job: str) -> None:
+    """Refuse to go on when a model is not at the version the run recorded for it."""
+    if actual == expected:
+        return
+    where = "behind" if actual < expected else "ahead of"
+    raise InconsistentRun(
+        f"{job}: the {service} service's model is at version {actual}, but the run recorded version {expected}; "
+        f"its checkpoint is {where} the run (a restart from a checkpoint older than the last update, e.g. with "
+        f"{service}.save_every > 1, or another run's {service}.checkpoint_dir). Training on would mix two states, "
+        f"so the run stops. Put back the {service} checkpoint of version {expected} and resume, or start a new run; "
+        f"{service}.save_every=1 makes a restart lose nothing.")
+
+
+def expect_before_update(service: str, info: Any, expected: int, key: str, job: str) -> None:
+    """Before Train/Update of `key`: the model is at `expected`, or that very update was applied already (a
+    crash between the service's reply and the recorded result; the call is then a replay)."""
+    if info.last_key == key and info.version >= expected:
+        return
+    expect_version(service, info.version, expected, job)
+
+
 def rollout(ctx: StageContext, step: int) -> dict[str, Any]:
     examples = ctx.data.batch(step)
     sampling = ctx.config.policy.sampling
@@ -89,6 +138,10 @@ def rollout(ctx: StageContext, step: int) -> dict[str, Any]:
         n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
         max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=step_seed(ctx.config.run.seed, step, "rollout"),
     )
+    if step > 0:
+        expect_version("policy", reply.version,
+                       recorded(ctx, graph.POLICY_UPDATE, step - 1, "policy_version", "policy_version"),
+                       f"rollout:{step}")
     completions = [_completion_dict(c) for c in reply.completions]
     epoch, offset = ctx.data.position(step)
     return {"policy_version": reply.version, "prompts": prompts, "completions": completions,
@@ -117,13 +170,19 @@ def score(ctx: StageContext, step: int) -> dict[str, Any]:
     items = [ScoreItem(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                        completion=c.get("text", "")) for c in ro["completions"]]
     result = ctx.client("reward").score(items)
+    if ctx.config.run.mode == "cooper" and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
+        expect_version("reward", result.version,
+                       recorded(ctx, graph.REWARD_UPDATE, step - 1, "reward_version", "reward_version"),
+                       f"score:{step}")
     return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
 
 
 def policy_update(ctx: StageContext, step: int) -> dict[str, Any]:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
-    reply = ctx.client("policy").train(ctx.run_id, step, _completions(ro), sc["rewards"],
-                                       ctx.config.policy.sampling.n)
+    policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
+    expect_before_update("policy", policy.info(), sampled, f"{ctx.run_id}/{step}", job)
+    reply = policy.train(ctx.run_id, step, _completions(ro), sc["rewards"], ctx.config.policy.sampling.n)
+    expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed}
 
 
@@ -131,12 +190,20 @@ def negatives(ctx: StageContext, step: int) -> dict[str, Any]:
     from cooper.services.generator.client import NegativeItem
 
     ro, ve = ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step)
-    # The positive of a prompt is its first completion the verifier marks correct (DESIGN.md section 1, step 6).
+    # The positive of a prompt is its first completion the verifier marks correct (docs/design.md, section 2.2).
     positives: dict[str, str] = {}
     for completion, verdict in zip(ro["completions"], ve["verdicts"], strict=True):
         if verdict == "CORRECT" and completion["prompt_id"] not in positives:
             positives[completion["prompt_id"]] = completion.get("text", "")
     by_id = _examples_by_id(ro)
+    if ctx.config.run.negatives == "rollouts":
+        # The variant (config.RunConfig.negatives): the group's own verifier-rejected completions are the negatives.
+        pairs = [{"question": by_id[c["prompt_id"]]["question"], "reference": by_id[c["prompt_id"]]["answer"],
+                  "positive": positives[c["prompt_id"]], "negative": c.get("text", "")}
+                 for c, v in zip(ro["completions"], ve["verdicts"], strict=True)
+                 if v in ("INCORRECT", "NO_ANSWER") and c["prompt_id"] in positives]
+        return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(positives), "attempts": 0,
+                "rejections": []}
     items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
              for pid, text in positives.items()]
     results = ctx.client("generator").negatives(items) if items else []
@@ -151,14 +218,18 @@ def reward_update(ctx: StageContext, step: int) -> dict[str, Any]:
 
     ng = ctx.result(graph.NEGATIVES, step)
     pairs = [PreferencePair(**p) for p in ng["pairs"]]
-    r = ctx.client("reward").update(ctx.run_id, step, pairs)
+    reward, job, used = ctx.client("reward"), f"reward_update:{step}", ctx.result(graph.SCORE, step)["reward_version"]
+    expect_before_update("reward", reward.info(), used, f"{ctx.run_id}/{step}", job)
+    r = reward.update(ctx.run_id, step, pairs)
+    expect_version("reward", r.version, used + (0 if r.skipped else 1), job)  # v_t -> v_{t+1}: the model that scored
     return {"loss": r.loss, "grad_norm": r.grad_norm, "pair_accuracy_before": r.pair_accuracy_before,
             "pair_accuracy_after": r.pair_accuracy_after, "reward_version": r.version, "skipped": r.skipped,
             "replayed": r.replayed, "pairs": len(pairs)}
 
 
 def evaluate(ctx: StageContext, step: int) -> dict[str, Any]:
-    """Mean verifier accuracy of k samples per held-out problem, per benchmark."""
+    """Mean verifier accuracy of k samples per held-out problem, per benchmark; and, with eval.rm_benchmark_path,
+    the reward model's accuracy on that labelled benchmark (score_rm_bench)."""
     from cooper.services.verifier.client import Verdict, VerifyItem
 
     ev = ctx.config.eval
@@ -172,12 +243,30 @@ def evaluate(ctx: StageContext, step: int) -> dict[str, Any]:
             stop=ctx.config.policy.sampling.stop, seed=step_seed(ctx.config.run.seed, step, f"eval:{name}"),
         )
         version = reply.version
+        # Step -1 evaluates the initial policy, version 0, before policy_update(0) (graph.py).
+        expected = 0 if step == -1 else ctx.result(graph.POLICY_UPDATE, step)["policy_version"]
+        expect_version("policy", version, expected, f"evaluate:{step}")
         answers = {row.id: row.answer for row in rows}
         items = [VerifyItem(id=str(k), completion=c.text, reference=answers[c.prompt_id])
                  for k, c in enumerate(reply.completions)]
         verdicts = ctx.client("verifier").verify(items)
         accuracies[name] = statistics.fmean(v.verdict == Verdict.CORRECT for v in verdicts) if verdicts else 0.0
-    return {"accuracy": accuracies, "policy_version": version}
+    result: dict[str, Any] = {"accuracy": accuracies, "policy_version": version}
+    if ctx.rm_bench:
+        result["rm_bench"] = score_rm_bench(ctx)
+    return result
+
+
+def score_rm_bench(ctx: StageContext) -> dict[str, Any]:
+    """The reward model's current version against the human labels of eval.rm_benchmark_path: accuracy (score >
+    0.5 says correct) and AUROC. One Score call, so every score comes from the one version it reports; in cooper
+    mode that is v_t or v_{t+1}, whichever the reward service holds when evaluation runs beside reward_update(t)."""
+    from cooper.services.reward.items import ScoreItem
+
+    items = [ScoreItem(i.question, i.reference, i.completion) for i in ctx.rm_bench]
+    scored = ctx.client("reward").score(items)
+    report = reward_model_report(ctx.rm_bench, scored.scores)
+    return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version}
 
 
 STAGES: dict[str, Callable[[StageContext, int], dict[str, Any]]] = {

@@ -1,8 +1,10 @@
 """A stage worker: take a job, run its stage, record the result, enqueue what it unblocked, acknowledge.
 
 Failures are retried as values: an attempt that raised is recorded with its error and put back on the queue
-until `max_attempts`, then the run is marked failed with the job's error. A worker that dies leaves its job
-pending; another worker (or the resumed orchestrator) claims it after `claim_idle_s` and runs it again.
+until `max_attempts`, then the run is marked failed with the job's error (at once for an error that says it is
+not `retryable`, such as a model at the wrong version). A worker that dies leaves its job pending; another worker
+(or the resumed orchestrator) claims it after `claim_idle_s` and runs it again. A job interrupted because the
+worker is being stopped (Ctrl-C, the run failed elsewhere) is left pending too, not counted as a failure.
 """
 
 from __future__ import annotations
@@ -39,14 +41,18 @@ class StageWorker:
         try:
             result = STAGES[job.stage](self.ctx, job.step)
         except Exception as err:  # retry as a value; the error is recorded for the user
+            if self.stop_event.is_set():  # its clients were closed under it: the resumed run takes the job again
+                log.info("job %s interrupted by the stop; left for the resumed run", job_id)
+                return
             attempts = self.store.attempts(job_id)
             detail = f"{type(err).__name__}: {err}"
             log.warning("job %s failed (attempt %d/%d): %s", job_id, attempts, self.max_attempts, detail)
-            if attempts < self.max_attempts:
+            if attempts < self.max_attempts and getattr(err, "retryable", True):
                 self.store.requeue(job_id)
             else:
                 self.store.set_status(job_id, JobStatus.FAILED, error=detail, trace=traceback.format_exc()[-4000:])
-                self.store.fail_run(f"job {job_id} failed {attempts} times: {detail}")
+                times = f" {attempts} times" if attempts > 1 else ""
+                self.store.fail_run(f"job {job_id} failed{times}: {detail}")
             self.store.ack(message_id)
             return
         result["seconds"] = time.perf_counter() - start

@@ -4,12 +4,17 @@ For container health checks (Docker HEALTHCHECK, compose `healthcheck`), where n
 installed. Kubernetes uses its native `grpc:` probes instead. With `--ready-file PATH` instead of an address it
 checks 127.0.0.1 at the port that `cooper serve --ready-file PATH` recorded, so one image-level HEALTHCHECK works
 for whichever service the container runs. Exit codes: 0 SERVING, 1 anything else (one line on stderr says what).
+
+TLS: the check speaks TLS as the service's own clients do, from the same `COOPER_SECURITY__*` environment the
+container has (the health service needs no token). With `--ready-file` and a `server.health_port`, it checks that
+plaintext health port instead, which needs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,10 +22,15 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cooper.config import SecurityConfig, env_overrides
+from cooper.runtime.security import secure_channel
 
-def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool, str]:
-    """(serving, what was seen) for the health of `service` ("" = the whole server) at `address`."""
-    with grpc.insecure_channel(address) as channel:
+
+def check(address: str, service: str = "", timeout_s: float = 3.0,
+          security: SecurityConfig | None = None) -> tuple[bool, str]:
+    """(serving, what was seen) for the health of `service` ("" = the whole server) at `address`, over TLS when
+    `security` says so."""
+    with secure_channel(address, security or SecurityConfig(), []) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout_s
@@ -31,10 +41,18 @@ def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool
     return reply.status == health_pb2.HealthCheckResponse.SERVING, f"{address}: {status}"
 
 
-def address_from_ready_file(path: str) -> str:
-    """127.0.0.1:<grpc_port> from the JSON that `cooper serve --ready-file` writes once the service serves."""
+def address_from_ready_file(path: str) -> tuple[str, bool]:
+    """(127.0.0.1:<port>, whether it is the plaintext health port) from the JSON that `cooper serve --ready-file`
+    writes once the service serves: the health port when it has one, else the gRPC port."""
     data = json.loads(Path(path).read_text())
-    return f"127.0.0.1:{int(data['grpc_port'])}"
+    if data.get("health_port"):
+        return f"127.0.0.1:{int(data['health_port'])}", True
+    return f"127.0.0.1:{int(data['grpc_port'])}", False
+
+
+def security_from_environment() -> SecurityConfig:
+    """The `security` section from COOPER_SECURITY__* variables, the ones the service in this container reads."""
+    return SecurityConfig.model_validate(env_overrides(os.environ).get("security", {}))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,16 +63,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--service", default="", help="health of this service name (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     args = parser.parse_args(argv)
-    address = args.address
+    address, plaintext = args.address, False
     if args.ready_file:
         try:
-            address = address_from_ready_file(args.ready_file)
+            address, plaintext = address_from_ready_file(args.ready_file)
         except (OSError, ValueError, KeyError) as err:
             # Not written yet: the service is still loading its model (or was started without --ready-file).
             print(f"unhealthy: no usable ready file {args.ready_file} ({err}); is `cooper serve` running with "
                   f"--ready-file {args.ready_file}?", file=sys.stderr)
             return 1
-    serving, seen = check(address, args.service, args.timeout)
+    security = SecurityConfig() if plaintext else security_from_environment()
+    serving, seen = check(address, args.service, args.timeout, security)
     if not serving:
         print(f"unhealthy: {seen}", file=sys.stderr)
     return 0 if serving else 1

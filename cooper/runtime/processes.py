@@ -1,7 +1,8 @@
 """Start services as child processes (`cooper serve NAME`) on free loopback ports and stop them cleanly.
 
 Used by the embedded default run and by tests: the child writes a ready file with its bound ports once it serves,
-so nothing guesses ports or sleeps.
+so nothing guesses ports or sleeps. A service that died can be restarted on the port it had (`restart`), so
+clients that hold its address reconnect to the new process without being told.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class ServiceProcess:
     host: str = "127.0.0.1"
     ready_path: Path | None = None
     """Where the service writes its ports once it serves."""
+    command: list[str] = field(default_factory=list)
+    """The `cooper serve` command line it was started with (its --port is replaced by the bound port to restart)."""
+    env: dict[str, str] | None = None
+    restarts: int = 0
+    """How many times restart() has started it again."""
     _tmp: Any = field(default=None, repr=False)
 
     @property
@@ -39,7 +45,8 @@ class ServiceProcess:
         return f"{self.host}:{self.info['grpc_port']}"
 
     def stop(self, grace_s: float = 15.0) -> int:
-        """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code."""
+        """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code.
+        Also removes the temporary directory of the ready file."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -47,7 +54,26 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
         return self.process.returncode
+
+    def respawn(self) -> None:
+        """Start the (dead) service again with the same command on the gRPC port it had; wait_until_ready next.
+
+        The service itself resumes from its latest checkpoint. SO_REUSEPORT (gRPC's default on Linux) lets the new
+        process bind the port while connections of the dead one linger."""
+        if self.process.poll() is None:
+            raise RuntimeError(f"service {self.name} is still running (pid {self.process.pid}); stop it first")
+        command = list(self.command)
+        port = self.info.get("grpc_port")
+        if port:
+            command[command.index("--port") + 1] = str(port)
+        if self.ready_path is not None:
+            self.ready_path.unlink(missing_ok=True)
+        self.process = _spawn(command, self.log_path, self.env)
+        self.restarts += 1
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -75,12 +101,19 @@ def start_service(
     if config_path:
         cmd += ["--config", str(config_path)]
     cmd += list(overrides)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
-    service = ServiceProcess(name, process, {}, log_path, ready_path=ready, _tmp=tmp)
+    service = ServiceProcess(name, _spawn(cmd, log_path, env), {}, log_path, ready_path=ready, command=cmd, env=env,
+                             _tmp=tmp)
     if wait:
         wait_until_ready([service], ready_timeout_s)
     return service
+
+
+def _spawn(command: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    """The service process, appending to its log. In a process group of its own, so that Ctrl-C in a terminal
+    reaches only the parent, which then stops its services in order (stage workers first, services next)."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent,
+                                process_group=0)
 
 
 def wait_until_ready(services: Sequence[ServiceProcess], timeout_s: float = 120.0) -> None:

@@ -4,6 +4,9 @@ One `grpc.aio` server per service with the standard health service, reflection, 
 HTTP port, the max message size from config, and a graceful stop: on SIGTERM or SIGINT the health status turns
 NOT_SERVING, new calls are refused, in-flight calls get `grace_s` to finish, then the service's own shutdown hook
 runs (worker pools, checkpoints). Services plug in with `add_servicers(server) -> [full service names]`.
+
+With `security` (cooper/runtime/security.py) the port serves TLS and every RPC but health and reflection needs the
+shared token; `server.health_port` adds a plaintext port with the health service alone, for probes without TLS.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cooper.config import ServerConfig
+from cooper.config import SecurityConfig, ServerConfig
+from cooper.runtime.security import TokenServerInterceptor, server_credentials
 
 log = logging.getLogger("cooper.runtime")
 
@@ -85,13 +89,17 @@ class GrpcService:
         config: ServerConfig,
         add_servicers: Callable[[grpc.aio.Server], list[str]],
         on_stop: Callable[[], Awaitable[None]] | None = None,
+        security: SecurityConfig | None = None,
     ):
         self.name = name
         self.config = config
+        self.security = security or SecurityConfig()
         self._add_servicers = add_servicers
         self._on_stop = on_stop
         self._health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
         self._service_names: list[str] = []
         self._stopped = asyncio.Event()
         self.port: int = 0
@@ -101,21 +109,26 @@ class GrpcService:
         self.failure: str | None = None
         """Why the service stopped itself (see fail()); None while healthy or after a signal."""
         self._stop_requested = asyncio.Event()
+        self._serving = True
 
     async def start(self) -> int:
         # Connections are recycled every minute so that clients re-resolve DNS and spread over new replicas
         # (the verifier's HPA adds pods; a long-lived channel would otherwise stick to the old ones).
         options = [*grpc_options(self.config.max_message_mb), ("grpc.max_connection_age_ms", 60_000),
                    ("grpc.max_connection_age_grace_ms", 30_000)]
-        server = grpc.aio.server(interceptors=[_MetricsInterceptor(self.name)], options=options)
+        # The metrics interceptor comes first so that refused calls are counted too (code UNAUTHENTICATED).
+        interceptors: list[grpc.aio.ServerInterceptor] = [_MetricsInterceptor(self.name)]
+        if self.security.token is not None:
+            interceptors.append(TokenServerInterceptor(self.name, self.security.token.get_secret_value()))
+        server = grpc.aio.server(interceptors=interceptors, options=options)
         self._service_names = self._add_servicers(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             [*self._service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        if self.port == 0:
-            raise OSError(f"{self.name}: cannot bind gRPC port {self.config.host}:{self.config.port} (in use?)")
+        self.port = self._bind(server)
+        if self.config.health_port is not None:
+            self._health_server = await self._start_health_server()
         if self.config.metrics_port is not None:
             metrics_server, _ = prometheus_client.start_http_server(self.config.metrics_port, addr=self.config.host)
             self.metrics_port = metrics_server.server_port
@@ -123,8 +136,36 @@ class GrpcService:
         self._server = server
         for service_name in ["", *self._service_names]:
             await self._health.set(service_name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s serving gRPC on %s:%d", self.name, self.config.host, self.port)
+        log.info("%s serving gRPC on %s:%d (%s, %s%s)", self.name, self.config.host, self.port,
+                 "TLS" if self._tls else "plaintext", "token required" if self.security.token else "no token",
+                 f", plaintext health on {self.health_port}" if self.health_port else "")
         return self.port
+
+    @property
+    def _tls(self) -> bool:
+        return self.security.tls_cert is not None
+
+    def _bind(self, server: grpc.aio.Server) -> int:
+        """Bind the service port, with TLS when a certificate is configured; the bound port (0 picks a free one)."""
+        address = f"{self.config.host}:{self.config.port}"
+        credentials = server_credentials(self.security)
+        port = server.add_insecure_port(address) if credentials is None else \
+            server.add_secure_port(address, credentials)
+        if port == 0:
+            raise OSError(f"{self.name}: cannot bind gRPC port {address} (in use?)")
+        return port
+
+    async def _start_health_server(self) -> grpc.aio.Server:
+        """A plaintext server with only the health service (the same servicer, so it reports the same status), for
+        probes that cannot speak TLS or send a token. Nothing else is registered on it."""
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        address = f"{self.config.host}:{self.config.health_port}"
+        self.health_port = server.add_insecure_port(address)
+        if self.health_port == 0:
+            raise OSError(f"{self.name}: cannot bind the health port {address} (server.health_port; in use?)")
+        await server.start()
+        return server
 
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new calls, let in-flight ones finish within `grace` seconds, then run the shutdown hook."""
@@ -133,9 +174,21 @@ class GrpcService:
         self._stopped.set()
         await self._health.enter_graceful_shutdown()
         await self._server.stop(self.config.grace_s if grace is None else grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         if self._on_stop is not None:
             await self._on_stop()
         log.info("%s stopped", self.name)
+
+    def set_serving(self, serving: bool) -> None:
+        """Report SERVING or NOT_SERVING on the health service (readiness) while running; e.g. a stale replica."""
+        if self._server is None or self._stopped.is_set() or serving == self._serving:
+            return
+        self._serving = serving
+        log.warning("%s: health is now %s", self.name, "SERVING" if serving else "NOT_SERVING")
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service_name in ["", *self._service_names]:
+            asyncio.get_running_loop().create_task(self._health.set(service_name, status))
 
     def fail(self, reason: str) -> None:
         """The service cannot serve any more (e.g. a process it depends on died): stop as on SIGTERM, and exit
@@ -157,7 +210,8 @@ class GrpcService:
 
     def write_ready_file(self, path: str | os.PathLike[str], **extra: Any) -> None:
         """Write the bound ports as JSON (atomically) so a parent process knows where the service listens."""
-        data = {"service": self.name, "pid": os.getpid(), "grpc_port": self.port, "metrics_port": self.metrics_port}
+        data = {"service": self.name, "pid": os.getpid(), "grpc_port": self.port, "metrics_port": self.metrics_port,
+                "health_port": self.health_port}
         data.update(self.ready_info)
         data.update(extra)
         target = Path(path)

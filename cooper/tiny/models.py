@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cooper.tiny.task import make_split, wrong_solution
 
-TINY_VERSION = "v3"  # bump when the builders change, so stale caches are not reused
+TINY_VERSION = "v5"  # bump when the builders or the prompt change, so stale caches are not reused (v4: a branch)
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -23,7 +23,9 @@ from cooper.config import ENV_NESTING, ENV_PREFIX, CooperConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("verifier", "reward", "policy", "generator")
-GPU_SERVICES = {"reward", "policy", "generator"}
+# The reward service's read replicas (reward.role=replica): `cooper serve reward` too, serving only, scaled out.
+REPLICA = "reward-replica"
+GPU_SERVICES = {"reward", "policy", "generator", REPLICA}
 REDIS_PORT = 6379
 # Image repository name (last path segment, without tag) -> the Dockerfile that builds it.
 IMAGES = {"cooper": ROOT / "docker/cpu.Dockerfile", "cooper-gpu": ROOT / "docker/gpu.Dockerfile"}
@@ -43,6 +45,8 @@ class Container:
     """container path -> file text (mounted config files)"""
     volumes: list[str] = field(default_factory=list)
     """mount paths of persistent volumes (named volumes, PVCs)"""
+    read_only: list[str] = field(default_factory=list)
+    """those of `volumes` mounted read-only"""
 
     @property
     def cooper_args(self) -> list[str] | None:
@@ -54,9 +58,13 @@ class Container:
 
     @property
     def role(self) -> str | None:
-        """verifier | reward | policy | generator | orchestrator, from the command."""
+        """verifier | reward | reward-replica | policy | generator | orchestrator, from the command (and, for a
+        replica, COOPER_REWARD__ROLE or a reward.role override)."""
         args = self.cooper_args or []
         if args[:1] == ["serve"] and len(args) > 1:
+            if args[1] == "reward" and (self.env.get("COOPER_REWARD__ROLE") == "replica"
+                                        or "reward.role=replica" in args):
+                return REPLICA
             return args[1]
         return "orchestrator" if args[:1] == ["train"] else None
 
@@ -66,6 +74,7 @@ def default_ports() -> dict[str, dict[str, int]]:
     c = CooperConfig()
     ports = {s: {"grpc": getattr(c, s).server.port, "metrics": getattr(c, s).server.metrics_port} for s in SERVICES}
     ports["reward"]["http"] = c.reward.http.port
+    ports[REPLICA] = dict(ports["reward"])  # the same server, other role
     return ports
 
 
@@ -137,10 +146,15 @@ def dockerfile_problems(path: Path, gpu: bool) -> list[str]:
         problems.append(f"{path.name}: the GPU image must build FROM an nvidia/cuda base (got {base})")
     if not gpu and "-slim" not in base:
         problems.append(f"{path.name}: the CPU image must build FROM a slim base (got {base})")
+    lock = "requirements/gpu.txt" if gpu else "requirements/cpu.txt"
+    if not any(w == "COPY" and exec_form(rest)[:1] == [lock] for w, rest in steps):
+        problems.append(f"{path.name}: the image must install the lock of exact versions, {lock}")
+    if gpu:  # the GPU lock pins torch's CUDA build along with vLLM
+        return problems
     torch = [rest for w, rest in steps if w == "RUN" and '"torch==${TORCH_VERSION}"' in rest]
     if args.get("TORCH_VERSION") != "2.13.0" or not torch:
         problems.append(f"{path.name}: torch must be installed as torch==${{TORCH_VERSION}} with TORCH_VERSION=2.13.0")
-    elif not gpu and "download.pytorch.org/whl/cpu" not in torch[0]:
+    elif "download.pytorch.org/whl/cpu" not in torch[0]:
         problems.append(f"{path.name}: the CPU image must take torch from the CPU index")
     return problems
 
@@ -244,6 +258,12 @@ def service_config_problems(role: str, config: Mapping[str, Any], origin: str) -
     clients all assume."""
     problems = []
     defaults = default_ports()
+    if role == REPLICA:
+        if config["reward"]["role"] != "replica":
+            problems.append(f"{origin}: reward.role is {config['reward']['role']!r}; a replica needs 'replica'")
+        role = "reward"  # and everything else as for the reward service
+    elif role == "reward" and config["reward"]["role"] != "trainer":
+        problems.append(f"{origin}: reward.role is {config['reward']['role']!r}; Deployment/reward is the trainer")
     if role in SERVICES:
         server = config[role]["server"]
         if server["host"] != "0.0.0.0":
@@ -280,23 +300,30 @@ def address_problems(config: Mapping[str, Any], origin: str, reachable: Mapping[
     if "redis" not in calls:
         return problems
     url = config["redis"]["url"] or ""
-    hostport = url.split("://", 1)[-1].split("/", 1)[0]
+    hostport = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2]  # past a user:password@
     host, _, port = hostport.rpartition(":")
     if not url.startswith("redis://") or port != str(REDIS_PORT) or REDIS_PORT not in reachable.get(host, set()):
-        problems.append(f"{origin}: redis.url is {url!r}; expected redis://<redis host>:{REDIS_PORT}/N")
+        problems.append(f"{origin}: redis.url is {url!r}; expected redis://[:password@]<redis host>:{REDIS_PORT}/N")
     return problems
 
 
 def persistence_problems(role: str, config: Mapping[str, Any], container: Container) -> list[str]:
-    """What must survive a restart (checkpoints, the run directory) must be written under a persistent volume."""
+    """What must survive a restart (checkpoints, the run directory) must be written under a persistent volume; a
+    reward replica reads the trainer's checkpoints from one mounted read-only (it must never write there)."""
     paths = {"reward": [("reward.checkpoint_dir", config["reward"]["checkpoint_dir"])],
+             REPLICA: [("reward.checkpoint_dir", config["reward"]["checkpoint_dir"])],
              "policy": [("policy.checkpoint_dir", config["policy"]["checkpoint_dir"])],
              "orchestrator": [("run.output_dir", config["run"]["output_dir"])]}.get(role, [])
     problems = []
     for key, path in paths:
-        if not any(Path(path).is_relative_to(mount) for mount in container.volumes):
+        mounts = [mount for mount in container.volumes if Path(path).is_relative_to(mount)]
+        if not mounts:
             problems.append(f"{container.origin}: {key} is {path}, which is on no persistent volume "
                             f"(volumes at {container.volumes})")
+        elif (mounts[-1] in container.read_only) != (role == REPLICA):
+            problems.append(f"{container.origin}: {key} is on a volume mounted "
+                            f"{'read-write' if role == REPLICA else 'read-only'}; a reward replica mounts the "
+                            "trainer's checkpoints read-only, everything else writes there")
     return problems
 
 

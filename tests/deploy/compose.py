@@ -17,6 +17,7 @@ from .common import (
     GPU_SERVICES,
     IMAGES,
     REDIS_PORT,
+    REPLICA,
     SERVICES,
     Container,
     default_ports,
@@ -56,9 +57,14 @@ def interpolate(value: Any, environ: Mapping[str, str]) -> Any:
     return VARIABLE.sub(replace, value)
 
 
+# The secrets docker-compose.yml requires (a user keeps them in .env): test values.
+SECRETS_ENV = {"COOPER_GRPC_TOKEN": "test-grpc-token", "COOPER_REDIS_PASSWORD": "test-redis-password"}
+
+
 def load_compose(path: Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The compose file after YAML anchors/merge keys and variable interpolation (with `environ`, default empty)."""
-    return interpolate(yaml.safe_load(path.read_text()), environ or {})
+    """The compose file after YAML anchors/merge keys and variable interpolation (with `environ`, by default only
+    the required secrets, SECRETS_ENV)."""
+    return interpolate(yaml.safe_load(path.read_text()), SECRETS_ENV if environ is None else environ)
 
 
 @cache
@@ -78,18 +84,23 @@ def _environment(service: Mapping[str, Any]) -> dict[str, str]:
     return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
 
 
-def _mounts(service: Mapping[str, Any], directory: Path, named: set[str]) -> tuple[dict[str, str], list[str]]:
-    files, volumes = {}, []
+def _mounts(service: Mapping[str, Any], directory: Path,
+            named: set[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    files, volumes, read_only = {}, [], []
     for volume in service.get("volumes", []):
         if isinstance(volume, dict):
             source, target = volume.get("source", ""), volume["target"]
+            ro = bool(volume.get("read_only"))
         else:
-            source, target = (volume.split(":") + [""])[:2]
+            source, target, mode = (volume.split(":") + ["", ""])[:3]
+            ro = "ro" in mode.split(",")
         if source in named:
             volumes.append(target)
+            if ro:
+                read_only.append(target)
         elif (directory / source).is_file():
             files[target] = (directory / source).read_text()
-    return files, volumes
+    return files, volumes, read_only
 
 
 def containers(compose: dict[str, Any], directory: Path) -> dict[str, Container]:
@@ -103,9 +114,9 @@ def containers(compose: dict[str, Any], directory: Path) -> dict[str, Container]
         entrypoint, cmd = image_entrypoint(image)
         entrypoint = service.get("entrypoint", entrypoint)
         command = service.get("command", cmd)
-        files, volumes = _mounts(service, directory, named)
+        files, volumes, read_only = _mounts(service, directory, named)
         out[name] = Container(f"compose service {name}", image, [*entrypoint, *command], _environment(service),
-                              files, volumes)
+                              files, volumes, read_only)
     return out
 
 
@@ -116,9 +127,56 @@ def reachable(compose: dict[str, Any]) -> dict[str, set[int]]:
     for name, service in compose["services"].items():
         if image_repo(service.get("image", "")) == "redis":
             hosts[name] = {REDIS_PORT}
-        elif name in SERVICES:
+        elif name in (*SERVICES, REPLICA):
             hosts[name] = set(ports[name].values())
     return hosts
+
+
+def _published_host_ips(service: Mapping[str, Any]) -> list[str]:
+    """The host address each published port binds ("" = every interface)."""
+    ips = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            ips.append(str(port.get("host_ip", "")))
+        else:
+            parts = str(port).split("/")[0].split(":")
+            ips.append(":".join(parts[:-2]) if len(parts) > 2 else "")
+    return ips
+
+
+def secret_problems(compose: dict[str, Any], directory: Path) -> list[str]:
+    """The secrets are wired: every Cooper container has the same non-empty gRPC token, Redis requires a password
+    that every container's redis.url carries, and the reward HTTP API is published beyond loopback only with its
+    token set."""
+    problems = []
+    services = compose["services"]
+    cooper = containers(compose, directory)
+    tokens = {name: c.env.get("COOPER_SECURITY__TOKEN", "") for name, c in cooper.items()}
+    for name, token in tokens.items():
+        if not token:
+            problems.append(f"compose service {name}: COOPER_SECURITY__TOKEN is unset or empty: the services would "
+                            f"take calls from anyone on the network")
+    if len(set(tokens.values())) > 1:
+        problems.append("docker-compose.yml: the containers get different COOPER_SECURITY__TOKEN values")
+    for name, service in services.items():
+        if image_repo(service.get("image", "")) != "redis":
+            continue
+        command = [str(a) for a in service.get("command") or []]
+        password = command[command.index("--requirepass") + 1] if "--requirepass" in command[:-1] else ""
+        if not password:
+            problems.append(f"compose service {name}: Redis must run with --requirepass")
+            continue
+        for cname, c in cooper.items():
+            if f":{password}@" not in c.env.get("COOPER_REDIS__URL", ""):
+                problems.append(f"compose service {cname}: COOPER_REDIS__URL must carry Redis's password "
+                                f"(redis://:${{COOPER_REDIS_PASSWORD}}@redis:6379/0)")
+    for name, c in cooper.items():
+        open_ips = [ip or "every interface" for ip in _published_host_ips(services[name])
+                    if ip not in ("127.0.0.1", "::1", "localhost")]
+        if open_ips and not c.env.get("COOPER_REWARD__HTTP__TOKEN"):
+            problems.append(f"compose service {name}: publishes on {open_ips} without "
+                            f"COOPER_REWARD__HTTP__TOKEN; bind 127.0.0.1 unless a token is set")
+    return problems
 
 
 def _published(service: Mapping[str, Any]) -> list[int]:
@@ -150,9 +208,10 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
     services = compose["services"]
     ports = default_ports()
     by_role = {c.role: (name, c) for name, c in containers(compose, directory).items()}
-    for role in (*SERVICES, "orchestrator"):
+    for role in (*SERVICES, REPLICA, "orchestrator"):
         if role not in by_role:
-            problems.append(f"docker-compose.yml: no service runs `cooper {'train' if role == 'orchestrator' else 'serve ' + role}`")
+            command = {"orchestrator": "train", REPLICA: "serve reward` with reward.role=replica`"}.get(role, f"serve {role}")
+            problems.append(f"docker-compose.yml: no service runs `cooper {command}`")
     for name, container in containers(compose, directory).items():
         service, role = services[name], container.role
         problems += env_name_problems(container.env, container.origin)
@@ -167,11 +226,19 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
         if _gpu_reserved(service) != (role in GPU_SERVICES):
             problems.append(f"{container.origin}: a GPU reservation is {'missing' if role in GPU_SERVICES else 'not wanted'}")
         published = _published(service)
-        want_published = [ports["reward"]["http"]] if role == "reward" else []
+        want_published = [ports["reward"]["http"]] if role in ("reward", REPLICA) else []
         if published != want_published:
             problems.append(f"{container.origin}: publishes container ports {published}; only the reward HTTP port "
-                            f"{ports['reward']['http']} may be published, on the reward service")
-        if role in SERVICES:
+                            f"{ports['reward']['http']} may be published, on the reward service and its replicas")
+        if role == REPLICA:
+            if "container_name" in service:
+                problems.append(f"{container.origin}: has a container_name, so `--scale` cannot start a second one")
+            for port in service.get("ports", []):
+                host = str(port.get("published", "") if isinstance(port, dict) else str(port).rsplit(":", 1)[0])
+                if host and "-" not in host:
+                    problems.append(f"{container.origin}: publishes the fixed host port {host}, which `--scale` "
+                                    "cannot bind twice; publish a range (8100-8115:8000)")
+        if role in (*SERVICES, REPLICA):
             port = _healthcheck_port(service)
             if port != ports[role]["grpc"]:
                 problems.append(f"{container.origin}: healthcheck checks port {port}, but {role} serves gRPC on "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from .common import (
     GPU_SERVICES,
     IMAGES,
     REDIS_PORT,
+    REPLICA,
     SERVICES,
     Container,
     default_ports,
@@ -87,7 +89,56 @@ def _container_env(objs: list[Obj], container: Obj) -> dict[str, str]:
             env[item["name"]] = str(_cpu_cores(container["resources"]["limits"]["cpu"]))
         else:
             env[item["name"]] = "node-provided"
+        env[item["name"]] = _expand(env[item["name"]], env)
     return env
+
+
+def _expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' $(VAR) in an env value: replaced by an earlier variable of the container, else left as is."""
+    return re.sub(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def _secret_ref(container: Obj, name: str) -> tuple[str, str] | None:
+    """(Secret name, key) that env variable `name` of the container reads, or None when it is not from a Secret."""
+    for item in container.get("env", []):
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if item["name"] == name and ref:
+            return ref["name"], ref["key"]
+    return None
+
+
+def secret_problems(objs: list[Obj]) -> list[str]:
+    """The secrets are wired: every Cooper container reads the gRPC token from one Secret key (so all hold the same
+    token), Redis requires a password from a Secret, and the orchestrator's redis.url carries that password."""
+    problems = []
+    token_refs = {}
+    for obj in objs:
+        for c in (pod_spec(obj) or {}).get("containers", []):
+            if image_repo(c.get("image", "")) not in IMAGES:
+                continue
+            where = f"{_id(obj)} container {c['name']}"
+            ref = _secret_ref(c, "COOPER_SECURITY__TOKEN")
+            if ref is None:
+                problems.append(f"{where}: COOPER_SECURITY__TOKEN must come from a Secret (secretKeyRef): without "
+                                f"it the services take calls from anyone, or the orchestrator is refused")
+            else:
+                token_refs[where] = ref
+    if len(set(token_refs.values())) > 1:
+        problems.append(f"the gRPC token comes from different Secret keys: {token_refs}")
+    redis = _find(objs, "StatefulSet", "redis")
+    redis_container = redis["spec"]["template"]["spec"]["containers"][0] if redis else {}
+    password_ref = _secret_ref(redis_container, "REDIS_PASSWORD")
+    command = " ".join(redis_container.get("command", []) + redis_container.get("args", []))
+    if password_ref is None or "--requirepass" not in command:
+        problems.append("StatefulSet/redis: must run with --requirepass and REDIS_PASSWORD from a Secret")
+        return problems
+    password = _data(_find(objs, "Secret", password_ref[0])).get(password_ref[1], "")
+    for c in containers(objs):
+        url = c.env.get("COOPER_REDIS__URL", "")
+        if c.role == "orchestrator" and f":{password}@" not in url:
+            problems.append(f"{c.origin}: COOPER_REDIS__URL ({url or 'unset'}) must carry Redis's password from "
+                            f"Secret {password_ref[0]} key {password_ref[1]} (redis://:$(REDIS_PASSWORD)@redis:6379/0)")
+    return problems
 
 
 def containers(objs: list[Obj]) -> list[Container]:
@@ -103,7 +154,7 @@ def containers(objs: list[Obj]) -> list[Container]:
                 continue
             entrypoint, cmd = image_entrypoint(c["image"])
             argv = [*c.get("command", entrypoint), *c.get("args", [] if "command" in c else cmd)]
-            files, persistent = {}, []
+            files, persistent, read_only = {}, [], []
             for mount in c.get("volumeMounts", []):
                 volume = volumes.get(mount["name"], {})
                 if "configMap" in volume:
@@ -114,8 +165,10 @@ def containers(objs: list[Obj]) -> list[Container]:
                         files.update({f"{mount['mountPath'].rstrip('/')}/{k}": v for k, v in data.items()})
                 elif "persistentVolumeClaim" in volume:
                     persistent.append(mount["mountPath"])
+                    if mount.get("readOnly") or volume["persistentVolumeClaim"].get("readOnly"):
+                        read_only.append(mount["mountPath"])
             out.append(Container(f"{_id(obj)} container {c['name']}", c["image"], argv,
-                                 _container_env(objs, c), files, persistent))
+                                 _container_env(objs, c), files, persistent, read_only))
     return out
 
 
@@ -222,13 +275,20 @@ def _probe_port(container: Obj, probe: str) -> int | None:
     return ((container.get(probe) or {}).get("grpc") or {}).get("port")
 
 
+def _health_port(role: str, env: Mapping[str, str]) -> int | None:
+    """The plaintext health port a service serves (server.health_port), from its environment."""
+    value = env.get(f"COOPER_{role.upper()}__SERVER__HEALTH_PORT")
+    return int(value) if value not in (None, "", "null") else None
+
+
 def rule_problems(objs: list[Obj]) -> list[str]:
     """The deployment rules: a Deployment per service with gRPC probes on its port, Services on the same ports, GPUs
-    where needed, an HPA for the verifier, the orchestrator as a Job, Redis with AOF on a PVC."""
+    where needed, an HPA for the verifier and for the reward replicas, the orchestrator as a Job, Redis with AOF on
+    a PVC. The reward replicas' Service exposes the HTTP API, not gRPC (the orchestrator talks to the trainer)."""
     problems = []
     ports = default_ports()
     cooper = {c.role: c for c in containers(objs)}
-    for role in (*SERVICES, "orchestrator"):
+    for role in (*SERVICES, REPLICA, "orchestrator"):
         if role not in cooper:
             problems.append(f"no container runs the {role}")
     for container in cooper.values():
@@ -255,18 +315,24 @@ def rule_problems(objs: list[Obj]) -> list[str]:
             served = {p["containerPort"] for p in c.get("ports", [])}
             if not set(ports[role].values()) <= served:
                 problems.append(f"{where}: declares ports {sorted(served)}; {role} serves {sorted(ports[role].values())}")
+            # Kubernetes' grpc probes speak no TLS: with TLS on they must use the plaintext health port.
+            env = cooper[role].env
+            tls = bool(env.get("COOPER_SECURITY__TLS_CERT"))
+            probe_port = _health_port(role, env) if tls else ports[role]["grpc"]
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 port = _probe_port(c, probe)
-                if (port is None and probe != "startupProbe") or (port is not None and port != ports[role]["grpc"]):
-                    problems.append(f"{where}: {probe} must be a gRPC probe on port {ports[role]['grpc']}, got {port}")
+                if (port is None and probe != "startupProbe") or (port is not None and port != probe_port):
+                    why = " (TLS is on: the plaintext server.health_port)" if tls else ""
+                    problems.append(f"{where}: {probe} must be a gRPC probe on port {probe_port}{why}, got {port}")
             service = _find(objs, "Service", role)
             service_ports = {(p["port"], p.get("targetPort", p["port"])) for p in (service or {"spec": {}})["spec"].get("ports", [])}
-            if (ports[role]["grpc"], ports[role]["grpc"]) not in service_ports:
-                problems.append(f"Service/{role}: must expose gRPC port {ports[role]['grpc']} (got {sorted(service_ports)})")
-    hpa = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"
-           and o["spec"]["scaleTargetRef"]["name"] == "verifier"]
-    if not hpa:
-        problems.append("no HorizontalPodAutoscaler scales the verifier")
+            kind, port = ("HTTP", ports[role]["http"]) if role == REPLICA else ("gRPC", ports[role]["grpc"])
+            if (port, port) not in service_ports:
+                problems.append(f"Service/{role}: must expose {kind} port {port} (got {sorted(service_ports)})")
+    for scaled in ("verifier", REPLICA):
+        if not any(o["kind"] == "HorizontalPodAutoscaler" and o["spec"]["scaleTargetRef"]["name"] == scaled
+                   for o in objs):
+            problems.append(f"no HorizontalPodAutoscaler scales the {scaled}")
     redis = _find(objs, "StatefulSet", "redis")
     if redis is None:
         problems.append("no Redis StatefulSet")
@@ -328,8 +394,8 @@ def _peer_matches(peer: Obj, source: Pod, policy_namespace: str) -> bool:
 
 def network_problems(objs: list[Obj], metrics_from_monitoring: bool) -> list[str]:
     """Every (source, target pod, target port) is allowed exactly when the deployment means it to be: gRPC only from
-    the orchestrator (and the verifier from the generator), Redis only from the orchestrator, the reward HTTP port
-    from anywhere in the cluster, metrics from the monitoring namespace when `metrics_from_monitoring`."""
+    the orchestrator (and the verifier from the generator; a reward replica's from nobody), Redis only from the
+    orchestrator, the reward HTTP port (trainer and replicas) from anywhere in the cluster, metrics from the monitoring namespace when `metrics_from_monitoring`."""
     ports = default_ports()
     targets = pods(objs)
     namespace = targets[0].namespace if targets else "default"
@@ -341,13 +407,15 @@ def network_problems(objs: list[Obj], metrics_from_monitoring: bool) -> list[str
         for port in sorted(set(target.ports.values())):
             for source in sources:
                 role = target.role
-                if role in SERVICES and port == ports[role]["grpc"]:
+                if role == REPLICA and port == ports[REPLICA]["grpc"]:
+                    want = False  # its gRPC port only answers the kubelet's probes
+                elif role in SERVICES and port == ports[role]["grpc"]:
                     want = source.role == "orchestrator" or (role == "verifier" and source.role == "generator")
-                elif role == "reward" and port == ports["reward"]["http"]:
+                elif role in ("reward", REPLICA) and port == ports["reward"]["http"]:
                     want = True
                 elif role == "redis" and port == REDIS_PORT:
                     want = source.role == "orchestrator"
-                elif role in SERVICES and port == ports[role]["metrics"]:
+                elif role in (*SERVICES, REPLICA) and port == ports[role]["metrics"]:
                     want = metrics_from_monitoring and source.role == "prometheus"
                 else:
                     want = False

@@ -24,7 +24,7 @@ def generator(cooper_serve, verifier_address, chat_server):  # type: ignore[no-u
          f"generator.assistant.base_url={base_url}", "generator.assistant.concurrency=2",
          "generator.assistant.model_name=rewriter"],
     )
-    client = GeneratorClient(f"127.0.0.1:{info['grpc_port']}", ServerConfig(deadline_s=60, retries=2))
+    client = GeneratorClient(f"127.0.0.1:{info['grpc_port']}", ServerConfig(deadline_s=60, unavailable_timeout_s=5))
     yield client, info
     client.close()
 
@@ -65,7 +65,7 @@ def test_unreachable_assistant_is_unavailable_not_a_silent_miss(cooper_serve, ve
          "generator.server.metrics_port=null", "generator.strategy=llm", "generator.assistant.backend=openai",
          "generator.assistant.base_url=http://127.0.0.1:9/v1", "generator.assistant.retries=0"],
     )
-    with GeneratorClient(f"127.0.0.1:{info['grpc_port']}", ServerConfig(retries=0)) as client:
+    with GeneratorClient(f"127.0.0.1:{info['grpc_port']}", ServerConfig(unavailable_timeout_s=0)) as client:
         # UNAVAILABLE (a stateless call, safe to retry), which the client raises once its retries are spent.
         with pytest.raises(ServiceUnavailable, match="assistant endpoint .* unreachable"):
             client.negatives([NegativeItem(id="x", question="q", reference="1", positive="\\boxed{1}")])

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from cooper.orchestrator.experiment import compare_plot, compare_table
+from cooper.orchestrator.experiment import accuracy_points, compare_plot, compare_table
 
 
 def _records(mode: str, rewards: list[float]) -> list[dict]:
@@ -22,9 +22,10 @@ def test_compare_table_and_plot(tmp_path):
     runs = {"rule": _records("rule", [0.3, 0.3]), "static": _records("static", [0.5, 0.9]),
             "cooper": _records("cooper", [0.5, 0.6])}
     table = compare_table(runs).splitlines()
-    assert table[0].split() == ["mode", "reward_mean", "verifier_accuracy", "rm_verifier_disagreement", "test/gsm8k"]
-    assert table[1].split() == ["rule", "0.300", "0.300", "-", "0.500"]
-    assert table[2].split() == ["static", "0.900", "0.300", "0.600", "0.500"]  # the last step's values
+    assert table[0].split() == ["mode", "reward_mean", "verifier_accuracy", "rm_verifier_disagreement", "rm_auroc",
+                                "kl_from_initial", "test/gsm8k"]
+    assert table[1].split() == ["rule", "0.300", "0.300", "-", "-", "-", "0.500"]
+    assert table[2].split() == ["static", "0.900", "0.300", "0.600", "-", "-", "0.500"]  # the last step's values
     path = compare_plot(runs, tmp_path / "compare.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
 
@@ -33,3 +34,40 @@ def test_experiment_rejects_unknown_modes():
     result = subprocess.run([sys.executable, "-m", "cooper.cli", "experiment", "--modes", "rule,greedy"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--modes takes rule, static and cooper" in result.stderr
+
+
+def test_test_accuracy_starts_at_the_initial_policy_and_seeds_average(tmp_path):
+    seed0 = _records("static", [0.5, 0.9])
+    seed0[0]["test_initial/gsm8k"] = 0.4
+    seed1 = _records("static", [0.7, 0.7])
+    seed1[0]["test_initial/gsm8k"] = 0.2
+    seed1[-1]["test/gsm8k"] = 0.1
+    assert accuracy_points(seed0, "gsm8k") == [(0, 0.4), (2, 0.5)]  # before any update, then after step 1 (2 updates)
+    table = compare_table({"static": [seed0, seed1]}).splitlines()
+    assert table[1].split() == ["static", "0.800", "0.300", "0.500", "-", "-", "0.300"]  # means of the last values
+    path = compare_plot({"static": [seed0, seed1], "rule": [_records("rule", [0.3, 0.4])]}, tmp_path / "c.png")
+    assert path.stat().st_size > 20_000
+
+
+def test_experiment_rejects_bad_seeds():
+    result = subprocess.run([sys.executable, "-m", "cooper.cli", "experiment", "--seeds", "0,x"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "seeds are integers" in result.stderr
+
+
+def test_overoptimization_and_health_plots(tmp_path):
+    from cooper.orchestrator.best_of_n import BestOfN
+    from cooper.orchestrator.figures import mean_over_seeds, overoptimization_plot, rm_health_plot, smooth
+
+    seeds = []
+    for offset in (0.0, 0.1):
+        records = _records("static", [0.4 + 0.01 * t for t in range(12)])
+        for t, r in enumerate(records):
+            r.update(kl_from_initial=0.05 * t + offset, rm_auroc=0.9 - 0.02 * t, rm_false_positive_rate=0.1 + 0.03 * t)
+        seeds.append(records)
+    assert mean_over_seeds(seeds, "kl_from_initial")[2] == (2, 0.15000000000000002)
+    assert smooth([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    curve = [BestOfN(1, 0.0, 0.3, 0.5), BestOfN(8, 1.2, 0.4, 0.8)]
+    for path in (overoptimization_plot({"static": seeds}, tmp_path / "o.png", curve),
+                 rm_health_plot({"static": seeds}, tmp_path / "h.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000

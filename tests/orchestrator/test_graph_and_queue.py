@@ -39,8 +39,15 @@ def test_rule_and_static_graphs():
 
 def test_evaluation_runs_before_the_next_rollout():
     graph = StepGraph("cooper", steps=5, eval_every=2)
-    assert [t for t in range(5) if graph.evaluates_after(t)] == [1, 3, 4]
+    assert [t for t in range(-1, 5) if graph.evaluates_after(t)] == [-1, 1, 3, 4]
     assert {d.id for d in graph.dependencies(Job(2, g.ROLLOUT))} == {"policy_update:1", "evaluate:1"}
+    # The initial policy is evaluated before the first update changes it, beside the first rollout.
+    assert [j.id for j in graph.roots()] == ["rollout:0", "evaluate:-1"] and graph.first_step() == -1
+    assert {d.id for d in graph.dependencies(Job(0, g.POLICY_UPDATE))} == {"score:0", "evaluate:-1"}
+    assert graph.dependencies(Job(-1, g.EVALUATE)) == [] and graph.jobs(-1) == [Job(-1, g.EVALUATE)]
+    assert [j.id for j in graph.dependents(Job(-1, g.EVALUATE))] == ["policy_update:0"]
+    off = StepGraph("cooper", steps=5, eval_every=0)
+    assert [j.id for j in off.roots()] == ["rollout:0"] and off.first_step() == 0 and off.jobs(-1) == []
 
 
 def test_steps_are_seeded_epochs_without_repeats():
@@ -100,12 +107,13 @@ def test_workers_run_every_job_once_in_dependency_order(redis_client, run_id, mo
     _recording_stages(monkeypatch, log, lock, fail_once={"negatives:1"})
     store = RunStore(redis_client, "cooper-test", run_id)
     graph = StepGraph("cooper", steps=4, eval_every=2)
-    store.enqueue("rollout:0")
+    for job in graph.roots():
+        store.enqueue(job.id)
     _drain(store, graph, _context(store, "cooper", 4), workers=3, steps=4)
-    expected = {j.id for t in range(4) for j in graph.jobs(t)}
+    expected = {j.id for t in range(-1, 4) for j in graph.jobs(t)}
     assert sorted(log) == sorted(expected)  # once each, the failed attempt retried once
     position = {job: i for i, job in enumerate(log)}
-    for t in range(4):
+    for t in range(-1, 4):
         for job in graph.jobs(t):
             for dep in graph.dependencies(job):
                 assert position[dep.id] < position[job.id], (dep.id, job.id)

@@ -15,9 +15,15 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
+from cooper.config import OptimConfig
+from cooper.evaluation.rm_bench import reward_model_report, tiny_bench
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.outputs import read_metrics
+from cooper.services.reward.items import ScoreItem
+from cooper.services.reward.verify_rm import VerifyRM
+from cooper.tiny.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["eval.every=4", "eval.k=1", "eval.max_problems=8", "run.batch_size=8"]
@@ -92,19 +98,29 @@ def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path):
 
 def test_static_mode_never_updates_the_reward_model(tmp_path):
     result = _cooper("train", "--no-progress", "run.mode=static", "run.steps=3", "run.name=s",
-                     f"run.output_dir={tmp_path}", *BASE)
+                     f"run.output_dir={tmp_path}", "eval.rm_benchmark_path=tiny", *BASE)
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(tmp_path / "s")
     assert len(records) == 3
     assert {r["reward_version_used"] for r in records} == {0}
     assert [r["policy_version"] for r in records] == [1, 2, 3]
     assert not (tmp_path / "s" / "logs" / "generator.log").exists()
+    # The labelled benchmark, scored at the (final) evaluation by the reward service: the static model's numbers.
+    assert "rm_bench/accuracy" not in records[1]
+    rm = VerifyRM.load(resolve_model("tiny-rm", "reward"), OptimConfig(), max_length=256, device="cpu")
+    bench = tiny_bench()
+    local = reward_model_report(bench, [s for s, _ in rm.score(
+        [ScoreItem(i.question, i.reference, i.completion) for i in bench])])
+    assert records[2]["rm_bench/reward_version"] == 0
+    assert records[2]["rm_bench/accuracy"] == pytest.approx(local.accuracy)
+    assert records[2]["rm_bench/auroc"] == pytest.approx(local.auroc, abs=1e-6)
+    assert "RM bench acc" in result.stdout
 
 
 def test_rule_mode_never_calls_the_reward_service(tmp_path):
     # The reward service "lives" at a dead address: one call to it would fail the run.
     result = _cooper("train", "--no-progress", "run.mode=rule", "run.steps=2", "run.name=r",
-                     f"run.output_dir={tmp_path}", "reward.server.address=127.0.0.1:1", "reward.server.retries=0",
+                     f"run.output_dir={tmp_path}", "reward.server.address=127.0.0.1:1", "reward.server.unavailable_timeout_s=0",
                      *BASE)
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(tmp_path / "r")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def test_thirty_updates_raise_the_reward_of_a_rule(tmp_path: Path, make_config: 
 
 def test_reference_only_with_kl_and_periodic_checkpoints(tmp_path: Path,
                                                          make_config: Callable[..., PolicyConfig]) -> None:
-    assert PolicyCore(make_config(tmp_path / "a", grpo={"kl_coef": 0.0})).reference is None
+    assert PolicyCore(make_config(tmp_path / "a", grpo={"kl_coef": 0.0, "track_kl": False})).reference is None
     core = PolicyCore(make_config(tmp_path / "b", grpo={"kl_coef": 0.001}, save_every=2))
     assert core.reference is not None
     assert not any(p.requires_grad for p in core.reference.parameters())
@@ -121,5 +122,22 @@ def test_reference_only_with_kl_and_periodic_checkpoints(tmp_path: Path,
         groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=6, seed=step))
         result = core.train(f"kl/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2)
     assert result.metrics["kl"] > 0  # the policy moved away from the frozen reference...
+    assert math.isfinite(result.metrics["kl_seq"])  # a k1 estimate: unbiased, but one batch may fall below 0
     assert all(torch.equal(p, reference[n]) for n, p in core.reference.named_parameters())  # ...which stayed put
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["v00000002"]  # every 2 updates, not at 1 or 3
+
+
+def test_kl_is_measured_without_being_optimised(tmp_path: Path, make_config: Callable[..., PolicyConfig]) -> None:
+    """kl_coef 0 with track_kl: the reference is loaded and the KL reported, but the update is the same as without."""
+    tracked = PolicyCore(make_config(tmp_path / "a", grpo={"kl_coef": 0.0, "track_kl": True}))
+    plain = PolicyCore(make_config(tmp_path / "b", grpo={"kl_coef": 0.0, "track_kl": False}))
+    assert tracked.reference is not None
+    for step in range(3):
+        groups, _ = tracked.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=6, seed=step))
+        metrics = tracked.train(f"t/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2).metrics
+        other = plain.train(f"t/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2).metrics
+        if step == 0:  # nothing has moved yet: the policy is its reference
+            assert metrics["kl"] == pytest.approx(0.0, abs=1e-6) and metrics["kl_seq"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["kl"] > 0 and math.isfinite(metrics["kl_seq"]) and "kl_seq" not in other and other["kl"] == 0.0
+    for (name, p), q in zip(tracked.model.named_parameters(), plain.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name

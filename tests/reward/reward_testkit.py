@@ -2,12 +2,68 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
 import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cooper.config import BatchingConfig, HttpConfig, OptimConfig, RewardConfig, RewardServerConfig
+from cooper.services.reward.http import HttpServer, create_app, start_http
+from cooper.services.reward.service import RewardService
 from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
 from cooper.tiny.task import make_split, wrong_solution
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_reward_processes(tmp_path: Path, overrides: dict[str, Sequence[str]],
+                           timeout_s: float = 120) -> dict[str, tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+    """`cooper serve reward` per name, with free ports, on the CPU, plus that name's dotted overrides; all started
+    at once, then waited for: name -> (process, its ready file). Stop them with stop_processes."""
+    started = {}
+    for name, extra in overrides.items():
+        ready = tmp_path / f"{name}.ready.json"
+        command = [sys.executable, "-m", "cooper.cli", "serve", "reward", "--port", "0", "--ready-file", str(ready),
+                   "reward.http.port=0", "reward.server.metrics_port=null", "reward.device=cpu",
+                   "reward.torch_threads=1", *extra]
+        started[name] = (subprocess.Popen(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))), ready)
+    out = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        for name, (process, ready) in started.items():
+            while not ready.exists():
+                assert process.poll() is None, f"cooper serve reward ({name}) exited with {process.returncode}"
+                assert time.monotonic() < deadline, f"cooper serve reward ({name}) did not become ready"
+                time.sleep(0.05)
+            out[name] = (process, json.loads(ready.read_text()))
+    except BaseException:
+        stop_processes([p for p, _ in started.values()])
+        raise
+    return out
+
+
+def stop_processes(processes: Sequence[subprocess.Popen[bytes]]) -> list[int]:
+    """SIGTERM all, then wait for each (killing one that outlives 60 s); their exit codes."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    codes = []
+    for process in processes:
+        try:
+            codes.append(process.wait(timeout=60))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            codes.append(process.wait())
+    return codes
 
 
 def tiny_pairs(n: int, seed: int = 0) -> list[PreferencePair]:
@@ -39,3 +95,39 @@ def make_config(tmp_path: Path, **overrides) -> RewardConfig:  # type: ignore[no
     }
     base.update(overrides)
     return RewardConfig(**base)
+
+
+@dataclass
+class Served:
+    loop: asyncio.AbstractEventLoop
+    service: RewardService
+    http: HttpServer
+    url: str
+
+    def run(self, coro: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+@contextlib.contextmanager
+def serve_http(config: RewardConfig) -> Iterator[Served]:
+    """The service and its HTTP API on a real uvicorn on loopback, in an event loop on a background thread, as in
+    `cooper serve reward`; the loop handle lets a test hold the model thread, to fill the queue deterministically."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[RewardService, HttpServer]:
+        service = await RewardService.create(config)
+        return service, await start_http(create_app(config, service), "127.0.0.1", 0)
+
+    service, http = asyncio.run_coroutine_threadsafe(start(), loop).result(120)
+    try:
+        yield Served(loop, service, http, f"http://127.0.0.1:{http.port}")
+    finally:
+        async def stop() -> None:
+            await http.stop()
+            await service.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

@@ -11,30 +11,16 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from reward_testkit import make_config, tiny_items
+from reward_testkit import Served, make_config, serve_http, tiny_items
 
 from cooper.config import BatchingConfig, HttpConfig
-from cooper.services.reward.http import HttpServer, create_app, start_http
-from cooper.services.reward.service import RewardService
 
 TOKEN = "test-token-1234"
-
-
-@dataclass
-class Served:
-    loop: asyncio.AbstractEventLoop
-    service: RewardService
-    http: HttpServer
-    url: str
-
-    def run(self, coro: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +30,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         http=HttpConfig(port=0, token=TOKEN, max_items=4, max_chars=2000, max_body_mb=0.05),
         batching=BatchingConfig(max_queue=6, max_wait_ms=5),
     )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> tuple[RewardService, HttpServer]:
-        service = await RewardService.create(config)
-        return service, await start_http(create_app(config, service), "127.0.0.1", 0)
-
-    service, http = asyncio.run_coroutine_threadsafe(start(), loop).result(120)
-    yield Served(loop, service, http, f"http://127.0.0.1:{http.port}")
-
-    async def stop() -> None:
-        await http.stop()
-        await service.stop()
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(60)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with serve_http(config) as served:
+        yield served
 
 
 def auth(token: str = TOKEN) -> dict[str, str]:
@@ -203,3 +173,53 @@ def test_model_info_and_probes(served: Served) -> None:
     spec = httpx.get(f"{served.url}/openapi.json").json()
     assert {"/v1/score", "/v1/model", "/get_reward", "/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
     assert "413" in spec["paths"]["/v1/score"]["post"]["responses"]
+
+
+def test_get_reward_without_labels_takes_the_reference_from_the_template_in_the_query(served: Served) -> None:
+    from cooper.services.reward.verify_rm import format_input
+
+    items = tiny_items(2, seed=5)
+    pad, eos = served.service.core.rm.tokenizer.pad_token, served.service.core.rm.tokenizer.eos_token
+    # an older OpenRLHF client: only `query`, the prompt (here in chat markup) holding the template up to the
+    # completion, the policy's completion after it, decoded with pads and eos
+    prompts = ["<|im_start|>user\n" + format_input(i.question, i.reference, "").removesuffix("</completion>")
+               for i in items]
+    query = [pad + prompts[0] + items[0].completion + eos, prompts[1] + items[1].completion + "</completion>"]
+    reply = httpx.post(f"{served.url}/get_reward", json={"query": query}, headers=auth())
+    assert reply.status_code == 200, reply.text
+    expected = served.service.core.rm.score(items)
+    assert max(abs(r - e[0]) for r, e in zip(reply.json()["rewards"], expected, strict=True)) <= 1e-5
+    data = assert_error(httpx.post(f"{served.url}/get_reward", json={"query": ["just text"]}, headers=auth()), 422,
+                        "invalid_request")
+    assert "labels" in data["error"]["message"] and "<reference_answer>" in data["error"]["message"]
+    no_prompts = {"query": query, "labels": [i.reference for i in items]}
+    assert_error(httpx.post(f"{served.url}/get_reward", json=no_prompts, headers=auth()), 422, "invalid_request")
+
+
+def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
+    from cooper.services.reward.verify_rm import format_input, sigmoid
+
+    items = tiny_items(3, seed=7)
+    texts = [format_input(i.question, i.reference, i.completion) for i in items]
+    direct = served.service.core.rm.score(items)
+    for path in ("/classify", "/v1/classify"):
+        reply = httpx.post(f"{served.url}{path}", json={"model": "any-name", "input": texts}, headers=auth())
+        assert reply.status_code == 200, reply.text
+        data = reply.json()
+        assert set(data) == {"id", "object", "created", "model", "data", "usage", "version"}
+        assert data["object"] == "list" and data["id"].startswith("classify-") and data["model"] == "tiny"
+        assert data["version"] == served.service.core.rm.version
+        assert data["usage"]["prompt_tokens"] == data["usage"]["total_tokens"] > 0
+        assert [d["index"] for d in data["data"]] == [0, 1, 2]
+        for got, (probability, _) in zip(data["data"], direct, strict=True):
+            assert got["num_classes"] == 1 and abs(got["probs"][0] - probability) <= 1e-5
+            assert got["label"] == ("correct" if probability > 0.5 else "incorrect")
+    # verl's reward loop: one string, activation off, reads data[-1].probs[-1] as the raw score
+    raw = httpx.post(f"{served.url}/classify", json={"model": "m", "input": texts[0], "activation": False},
+                     headers=auth()).json()
+    assert abs(raw["data"][-1]["probs"][-1] - direct[0][1]) <= 1e-5
+    assert abs(sigmoid(raw["data"][-1]["probs"][-1]) - direct[0][0]) <= 1e-5
+    data = assert_error(httpx.post(f"{served.url}/classify", json={"input": ["hello"]}, headers=auth()), 422,
+                        "invalid_request")
+    assert "<reference_answer>" in data["error"]["message"]
+    assert_error(httpx.post(f"{served.url}/classify", json={"input": texts}), 401, "unauthorized")

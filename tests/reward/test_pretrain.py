@@ -39,20 +39,27 @@ def test_pretrain_rm_fits_the_labels_and_writes_a_servable_model(tmp_path: Path,
     labelled.write_text("".join(json.dumps(row) + "\n" for row in rows))
     output = tmp_path / "models" / "verify-rm"
 
-    # The tiny model memorises 80 triples in 30 epochs; generalising takes thousands (cooper/tiny/warm_start.py).
-    code = main(["pretrain-rm", str(labelled), "-o", str(output), "--epochs", "30", "--lr", "1e-3",
+    # A thing to learn that the untrained model cannot do: tell a right result from a wrong one. 60 epochs at 1e-3 fit
+    # 80 triples to 0.925-1.0 accuracy over four data seeds (30 epochs: 0.84-0.96, which is why 0.9 was a knife
+    # edge); generalising takes thousands of triples (cooper/tiny/warm_start.py), so held-out accuracy is not asserted.
+    code = main(["pretrain-rm", str(labelled), "-o", str(output), "--epochs", "60", "--lr", "1e-3",
                  "--batch-size", "16", "--holdout", "0.2", "reward.model=tiny", "reward.device=cpu",
                  "reward.torch_threads=1"])
     assert code == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (result["train"], result["heldout"], result["positives"]) == (80, 20, sum(r["label"] for r in rows))
-    assert result["train_accuracy"] >= 0.9
+    assert result["train_loss"] < 0.5  # BCE of an untrained model is log 2 = 0.69
     assert 0 <= result["heldout_accuracy_before"] <= 1 and 0 <= result["heldout_accuracy_after"] <= 1
     assert not list(output.parent.glob(".verify-rm.*"))  # written under a temporary name, then renamed
 
-    # reward.model can name the directory, and it holds the trained weights, not the base model's.
+    # reward.model can name the directory, and it holds the trained weights, not the base model's: served, it scores
+    # the training triples as pretraining reported, far better than the untrained model does.
     trained = RewardCore.load(make_config(tmp_path / "a", model=str(output)))
     base = RewardCore.load(make_config(tmp_path / "b", model="tiny"))
     assert trained.rm.version == 0
-    assert accuracy(trained, rows) >= 0.75  # 80 memorised, 20 held out
-    assert accuracy(trained, rows) > accuracy(base, rows)
+    shuffled = list(rows)
+    random.Random(0).shuffle(shuffled)  # pretrain_reward_model's hold-out draw (seed 0): the first 20 are held out
+    train_rows = shuffled[20:]
+    assert abs(accuracy(trained, train_rows) - result["train_accuracy"]) <= 1 / 80
+    assert result["train_accuracy"] >= 0.8
+    assert accuracy(trained, train_rows) >= accuracy(base, train_rows) + 0.2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 from reward_testkit import tiny_items, tiny_pairs
@@ -76,21 +77,21 @@ def test_long_input_keeps_question_and_end_of_completion(rm: VerifyRM) -> None:
 
 
 def test_repeated_updates_rank_positives_above_negatives(tiny_rm_dir: str) -> None:
-    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-2, micro_batch_size=12), device="cpu")
+    # lr 1e-3 and 30 updates: pair accuracy of 6 pairs moves in steps of 1/6, and at lr 1e-2 it swung between 0.67
+    # and 1.0 from update to update, so "reached 0.95 once" was luck. Judged on the last five updates instead:
+    # over four pair seeds, their mean loss was 0.01-0.13 (untrained: log 2) and their mean accuracy 0.93-1.0.
+    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu")
     pairs = tiny_pairs(6)
-    first = rm.update(pairs)
-    assert not first.skipped and first.version == 1
-    assert first.loss > 0.5  # untrained: near log 2
-    stats = first
-    for _ in range(24):
-        stats = rm.update(pairs)
-        if stats.pair_accuracy_after >= 0.95:
-            break
-    assert stats.pair_accuracy_after >= 0.95
+    history = [rm.update(pairs) for _ in range(30)]
+    first, last = history[0], history[-5:]
+    assert not first.skipped and first.version == 1 and history[-1].version == 30
+    assert first.loss > 0.6  # untrained: near log 2
+    assert statistics.mean(s.loss for s in last) < 0.5 * first.loss
+    assert statistics.mean(s.pair_accuracy_after for s in last) >= 0.8
+    assert max(s.pair_accuracy_after for s in last) == 1.0
     assert rm.score([ScoreItem(p.question, p.reference, p.positive) for p in pairs]) != \
         rm.score([ScoreItem(p.question, p.reference, p.negative) for p in pairs])
-    assert rm.update(pairs).loss < first.loss
-    assert rm.version == stats.version + 1
+    assert rm.version == 30
 
 
 def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cooper.config import ServerConfig
+from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.generator.v1 import generator_pb2, generator_pb2_grpc
 from cooper.runtime.client import ServiceClient
 
@@ -20,8 +20,8 @@ Judgment = generator_pb2.Judgment
 class GeneratorClient(ServiceClient):
     service_name = SERVICE_NAME
 
-    def __init__(self, address: str, config: ServerConfig | None = None):
-        super().__init__(address, config)
+    def __init__(self, address: str, config: ServerConfig | None = None, security: SecurityConfig | None = None):
+        super().__init__(address, config, security)
         self.stub = generator_pb2_grpc.GeneratorStub(self.channel)
 
     def negatives(

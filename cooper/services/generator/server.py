@@ -115,7 +115,7 @@ async def create_service(config: CooperConfig) -> GrpcService:
             "the generator verifies every negative with the verifier service: set verifier.server.address=HOST:PORT "
             "(start one with `cooper serve verifier`)"
         )
-    verifier = VerifierClient(address, config.verifier.server)
+    verifier = VerifierClient(address, config.verifier.server, config.security)
     assistant = LazyAssistant(cfg)
     if cfg.strategy == "llm":
         await assistant.get()
@@ -129,6 +129,6 @@ async def create_service(config: CooperConfig) -> GrpcService:
         await assistant.close()
         verifier.close()
 
-    service = GrpcService("generator", cfg.server, add_servicers, on_stop)
+    service = GrpcService("generator", cfg.server, add_servicers, on_stop, config.security)
     service.ready_info.update(strategy=cfg.strategy, verifier=address)
     return service

@@ -92,7 +92,7 @@ class PolicyCore:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = load_causal_lm(weights_path, torch.float32, self.device)
         self.reference = None
-        if cfg.grpo.kl_coef > 0:
+        if cfg.grpo.kl_coef > 0 or cfg.grpo.track_kl:
             # The frozen *initial* policy, never a checkpoint: the KL anchors the run to where it started. It has
             # no optimizer, so it may live in the compute dtype.
             self.reference = load_causal_lm(self.initial_path, self.autocast or torch.float32, self.device)

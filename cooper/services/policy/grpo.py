@@ -1,4 +1,4 @@
-"""The GRPO loss of DESIGN.md section 1, in plain torch (no service code, no model code).
+"""The GRPO loss of docs/design.md section 2.1, in plain torch (no service code, no model code).
 
 Formulas follow the paper's released code (verl's `compute_policy_loss` and its `low_var_kl`):
 
@@ -123,10 +123,11 @@ def grpo_loss_sums(
     policy, clipped = ppo_token_losses(logp, old_logp, advantages, settings)
     total = (policy * mask).sum()
     kl_sum = torch.zeros((), device=logp.device)
-    if ref_logp is not None and settings.kl_coef > 0:
+    if ref_logp is not None:  # measured whenever there is a reference; part of the loss only with a coefficient
         kl = k3_kl(logp, ref_logp, settings.logratio_clamp, settings.kl_clamp)
         kl_sum = (kl * mask).sum()
-        total = total + settings.kl_coef * kl_sum
+        if settings.kl_coef > 0:
+            total = total + settings.kl_coef * kl_sum
     return LossSums(
         loss=total,
         policy_loss=float((policy.detach() * mask).sum()),

@@ -92,7 +92,7 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
         policy_pb2_grpc.add_PolicyServicer_to_server(servicer, server)
         return [policy_pb2.DESCRIPTOR.services_by_name["Policy"].full_name]
 
-    service = GrpcService("policy", config.policy.server, add)
+    service = GrpcService("policy", config.policy.server, add, security=config.security)
     service.ready_info = {"version": core.version, "engine": core.engine.name}
     return service
 

@@ -1,6 +1,6 @@
 """The GRPO update: micro-batched forward/backward, gradient accumulation, AdamW with warm-up and clipping.
 
-One `train_step` is one policy update (DESIGN.md section 1, step 4). Sequences are laid out as
+One `train_step` is one policy update (docs/design.md, section 2.1). Sequences are laid out as
 `[left-padded prompt | right-padded completion]`, so every row's completion starts at the same column and one
 `logits_to_keep` slice gives the logits that predict the completion tokens.
 
@@ -79,7 +79,8 @@ def lr_at(update: int, lr: float, warmup_steps: int) -> float:
 
 
 class GRPOTrainer:
-    """Owns the optimizer; updates `model` in place. `reference` is the frozen initial policy (None: no KL)."""
+    """Owns the optimizer; updates `model` in place. `reference` is the frozen initial policy (None: no KL); with a
+    reference the KL to it is measured even when `settings.kl_coef` is 0 (then it is not part of the loss)."""
 
     def __init__(
         self,
@@ -185,8 +186,14 @@ class GRPOTrainer:
         self.model.eval()  # no dropout in any pass, so old_logp and logp are the same function of the weights
         old_logps = [self._logprobs(self.model, b) for b in batches]
         ref_logps: list[Tensor | None] = [None] * len(batches)
-        if self.reference is not None and self.settings.kl_coef > 0:
+        kl_seq = None
+        if self.reference is not None:
             ref_logps = [self._logprobs(self.reference, b) for b in batches]
+            # KL(pi || pi_init) per completion, the sequence-level quantity of Gao et al.'s over-optimisation plots:
+            # the rollout was sampled from the current weights (old_logp), so the mean over completions of
+            # sum_t (old_logp - ref_logp) is an unbiased (k1) estimate of it.
+            kl_seq = sum(float(((old - ref) * b.mask).sum()) for old, ref, b in zip(old_logps, ref_logps, batches,
+                                                                                   strict=True)) / len(samples)
 
         lr = lr_at(self.updates, self.lr, self.warmup_steps)
         for group in self.optimizer.param_groups:
@@ -222,6 +229,8 @@ class GRPOTrainer:
             "response_length": total_tokens / len(samples),
             "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
         }
+        if kl_seq is not None:
+            metrics["kl_seq"] = kl_seq
         return metrics, lr
 
     def optimizer_state(self) -> dict[str, Any]:

@@ -4,7 +4,9 @@ A checkpoint is a loadable transformers model directory (safetensors weights, co
 `optimizer.pt` (AdamW and scheduler state) and `cooper_state.json` (version, applied-update count, last applied
 idempotency key, recorded Update results, tag). Its name, `v<version>-u<updates>`, is unique per state, so a save
 is a single atomic rename and never overwrites a checkpoint a reader may be loading; saving an unchanged state
-again returns the existing directory. Start-up picks the newest complete one.
+again returns the existing directory. Start-up picks the newest complete one. Read replicas (reward.role=replica)
+only read: they list the directory for a newer complete checkpoint and load its weights (read_weights) while the
+trainer may be writing the next one or deleting old ones.
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def read_state(path: str | Path) -> dict[str, Any]:
 
 def load_optimizer(rm: VerifyRM, path: str | Path) -> None:
     rm.load_optimizer_state(torch.load(Path(path) / OPTIMIZER_FILE, map_location=rm.device, weights_only=True))
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's safetensors files (one, or the shards save_pretrained writes), on the CPU."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {path} has no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(file, device="cpu"))
+    return tensors
 
 
 def remove_partial(root: str | Path) -> None:

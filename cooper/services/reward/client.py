@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cooper.config import ServerConfig
+from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.client import ServiceClient
@@ -25,8 +25,8 @@ from cooper.services.reward.items import (
 class RewardClient(ServiceClient):
     service_name = "cooper.reward.v1.Reward"
 
-    def __init__(self, address: str, config: ServerConfig | None = None):
-        super().__init__(address, config)
+    def __init__(self, address: str, config: ServerConfig | None = None, security: SecurityConfig | None = None):
+        super().__init__(address, config, security)
         self.stub = reward_pb2_grpc.RewardStub(self.channel)
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:

@@ -4,6 +4,11 @@ One RewardCore lives on one thread of one process (runner.py decides which: a th
 child process of its own), and runs one call at a time, in the order the calls were submitted. That order is the
 whole concurrency story: a scoring batch never sees half-updated weights because an update is just another call.
 No asyncio, Prometheus or transport here; timings and versions are returned for the caller to record.
+
+A read replica (reward.role=replica) swaps in the trainer's checkpoints in two steps, so that scoring pauses only
+for a copy and never for disk reads: `stage_checkpoint` reads and checks the new weights on a loader thread while
+forward passes go on, then `swap_staged`, queued like an update, copies them into the model's tensors in place.
+Being one call of the model thread, the swap is never seen half-done by a score.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -55,29 +61,45 @@ class RewardCore:
         self.checkpoint_path = checkpoint_path
         self.tokenizer_source = checkpoint_path or rm.source
         self._saved_state = (rm.version, self.updates) if checkpoint_path else None
+        self._loader: ThreadPoolExecutor | None = None  # replicas: reads staged checkpoints off the model thread
+        self._staging: Future[tuple[str, dict[str, Any], dict[str, torch.Tensor]]] | None = None
 
     @classmethod
     def load(cls, config: RewardConfig) -> RewardCore:
-        """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0."""
+        """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0. A replica
+        leaves the directory alone (no clean-up of the trainer's partial saves), skips the optimizer state, and
+        falls back to an older checkpoint when the newest does not load (the trainer may delete it meanwhile)."""
         from cooper.tiny.models import resolve_model
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        checkpoint.remove_partial(config.checkpoint_dir)
-        latest = checkpoint.latest_checkpoint(config.checkpoint_dir)
-        source = str(latest) if latest else resolve_model(config.model, "reward")
-        rm = VerifyRM.load(source, config.optim, config.max_length, config.device, config.dtype)
-        if latest is None:
-            log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
-            return cls(rm, config)
-        state = checkpoint.read_state(latest)
-        if state.get("model") != config.model:
-            log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
-                        latest, state.get("model"), config.model)
-        checkpoint.load_optimizer(rm, latest)
-        rm.version = state["version"]
-        log.info("reward model resumed from %s (version %d)", latest, rm.version)
-        return cls(rm, config, state, str(latest))
+        replica = config.role == "replica"
+        if not replica:
+            checkpoint.remove_partial(config.checkpoint_dir)
+        candidates = checkpoint.list_checkpoints(config.checkpoint_dir)[::-1]
+        if not replica:
+            candidates = candidates[:1]
+        for latest in candidates:
+            try:
+                rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype)
+                state = checkpoint.read_state(latest)
+                if not replica:
+                    checkpoint.load_optimizer(rm, latest)
+            except Exception as err:
+                if latest == candidates[-1] or not replica:
+                    raise
+                log.warning("replica: checkpoint %s does not load (%s); trying the one before", latest, err)
+                continue
+            if state.get("model") != config.model:
+                log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
+                            latest, state.get("model"), config.model)
+            rm.version = state["version"]
+            log.info("reward model %s from %s (version %d)", "loaded" if replica else "resumed", latest, rm.version)
+            return cls(rm, config, state, str(latest))
+        rm = VerifyRM.load(resolve_model(config.model, "reward"), config.optim, config.max_length, config.device,
+                           config.dtype)
+        log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
+        return cls(rm, config)
 
     def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
         """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the
@@ -118,6 +140,58 @@ class RewardCore:
         if self.updates and self._saved_state != (self.rm.version, self.updates):
             return self.save(tag)
         return None
+
+    # ----- read replicas: follow the trainer's checkpoints -----
+
+    def stage_checkpoint(self, path: str) -> None:
+        """Start reading checkpoint `path` on the loader thread (returns at once); `staged()` says when it is read."""
+        if self._staging is not None and not self._staging.done():
+            raise RuntimeError(f"a checkpoint is already being staged; cannot stage {path} too")
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-rm-load")
+        self._staging = self._loader.submit(self._read_checkpoint, path)
+
+    def staged(self) -> bool:
+        """True once the staged checkpoint is read (or failed to read): swap_staged() will not wait."""
+        return self._staging is None or self._staging.done()
+
+    def swap_staged(self) -> ModelInfo:
+        """Install the staged checkpoint: copy its tensors into the model's in place, take its version and key. A
+        checkpoint that failed to read or check raises here, and the model stays as it was."""
+        if self._staging is None:
+            raise RuntimeError("no checkpoint is staged; call stage_checkpoint first")
+        staging, self._staging = self._staging, None
+        path, state, tensors = staging.result()
+        own = self.rm.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                own[name].copy_(tensor)
+        self.rm.version = state["version"]
+        self.updates = state.get("updates", 0)
+        self.last_key = state.get("last_key", "")
+        self.checkpoint_path = path
+        self._saved_state = (self.rm.version, self.updates)
+        log.info("replica: now serving %s (version %d)", path, self.rm.version)
+        return self.info()
+
+    def _read_checkpoint(self, path: str) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
+        """The state and weights of a checkpoint, checked against the model: every tensor present with its shape
+        (tied tensors may be saved once), nothing unknown; so that the swap cannot fail half-way."""
+        state = checkpoint.read_state(path)
+        tensors = checkpoint.read_weights(path)
+        own = self.rm.model.state_dict()
+        unknown = sorted(set(tensors) - set(own))
+        if unknown:
+            raise ValueError(f"checkpoint {path} has tensors the model does not: {unknown[:3]}")
+        for name, tensor in tensors.items():
+            if tensor.shape != own[name].shape:
+                raise ValueError(f"checkpoint {path}: {name} has shape {tuple(tensor.shape)}, the model "
+                                 f"{tuple(own[name].shape)}")
+        saved = {own[name].data_ptr() for name in tensors}
+        missing = sorted(name for name in set(own) - set(tensors) if own[name].data_ptr() not in saved)
+        if missing:
+            raise ValueError(f"checkpoint {path} lacks tensors of the model: {missing[:3]}")
+        return path, state, tensors
 
     def info(self) -> ModelInfo:
         tokenizer = self.rm.tokenizer

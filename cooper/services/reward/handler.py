@@ -7,6 +7,8 @@ schema (protocol.ErrorResponse).
 from __future__ import annotations
 
 import hmac
+import time
+import uuid
 from collections.abc import Sequence
 
 import prometheus_client
@@ -16,8 +18,8 @@ from cooper.services.reward import protocol
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
 from cooper.services.reward.items import ScoreItem, ScoreResult
 from cooper.services.reward.runner import ModelUnavailable
-from cooper.services.reward.service import RewardService
-from cooper.services.reward.verify_rm import sigmoid
+from cooper.services.reward.service import ReplicaStale, RewardService
+from cooper.services.reward.verify_rm import parse_input, sigmoid
 
 
 class ApiError(Exception):
@@ -58,9 +60,17 @@ class RewardHttpHandler:
                 raise ApiError(413, "too_large", f"item {index} has a text of {longest} characters; at most "
                                f"{self.config.max_chars} (reward.http.max_chars)")
 
+    def stale_headers(self) -> dict[str, str]:
+        """On a stale replica that still serves (reward.replica.on_stale=serve): X-Cooper-Stale, saying how stale."""
+        staleness = self.service.staleness()
+        return {"X-Cooper-Stale": staleness.describe()} if staleness is not None and staleness.stale else {}
+
     async def _score(self, items: list[ScoreItem]) -> ScoreResult:
         try:
+            self.service.check_fresh()
             return await self.service.score(items)
+        except ReplicaStale as err:
+            raise ApiError(503, "stale", str(err), err.retry_after_s) from None
         except QueueFull as err:
             raise ApiError(503, "overloaded", f"{err}; retry after {err.retry_after_s} s", err.retry_after_s) from None
         except QueueTimeout as err:
@@ -79,13 +89,21 @@ class RewardHttpHandler:
         )
 
     async def get_reward(self, request: protocol.OpenRLHFRequest) -> protocol.OpenRLHFResponse:
-        """OpenRLHF's remote RM: question = prompt, reference = label, completion = query after its prompt."""
-        if not len(request.query) == len(request.prompts) == len(request.labels):
-            raise ApiError(422, "invalid_request", f"query, prompts and labels must have one entry per sample; got "
-                           f"{len(request.query)}, {len(request.prompts)} and {len(request.labels)}")
-        self._check_limits(list(zip(request.query, request.prompts, request.labels, strict=True)))
-        items = [ScoreItem(prompt, label, self._completion(i, query, prompt))
-                 for i, (query, prompt, label) in enumerate(zip(request.query, request.prompts, request.labels, strict=True))]
+        """OpenRLHF's remote RM: question = prompt, reference = label, completion = query after its prompt; without
+        labels, all three from the VerifyRM template text in the query."""
+        if request.labels is None:
+            items = [self._item_from_query(i, query) for i, query in enumerate(request.query)]
+            self._check_limits([(i.question, i.reference, i.completion) for i in items])
+        else:
+            prompts = request.prompts
+            if prompts is None or not len(request.query) == len(prompts) == len(request.labels):
+                raise ApiError(422, "invalid_request", "query, prompts and labels must have one entry per sample; "
+                               f"got {len(request.query)}, {'no' if prompts is None else len(prompts)} and "
+                               f"{len(request.labels)}")
+            self._check_limits(list(zip(request.query, prompts, request.labels, strict=True)))
+            items = [ScoreItem(prompt, label, self._completion(i, query, prompt))
+                     for i, (query, prompt, label) in enumerate(zip(request.query, prompts, request.labels,
+                                                                    strict=True))]
         result = await self._score(items)
         probabilities = [sigmoid(x) for x in result.logits]
         return protocol.OpenRLHFResponse(
@@ -93,26 +111,67 @@ class RewardHttpHandler:
             extra_logs={"reward_version": [float(result.version)] * len(items)},
         )
 
-    def _completion(self, index: int, query: str, prompt: str) -> str:
+    def _item_from_query(self, index: int, query: str) -> ScoreItem:
+        item = parse_input(self._strip_special(query), anywhere=True)
+        if item is None:
+            raise ApiError(422, "invalid_request", f"query {index} has no reference answer: send labels (one "
+                           "reference per query, with prompts), or queries that hold the VerifyRM template "
+                           "'<question>Q</question>\\n<reference_answer>R</reference_answer>\\n<completion>C' "
+                           "(README, Score with curl)")
+        return item
+
+    def _strip_special(self, query: str) -> str:
+        """OpenRLHF decodes left-padded sequences with special tokens kept: drop leading pads, trailing eos/pads."""
         info = self.service.info()
-        pad = info.pad_token
-        # OpenRLHF decodes left-padded sequences with special tokens kept: drop leading pads and trailing eos/pads.
+        while info.pad_token and query.startswith(info.pad_token):
+            query = query[len(info.pad_token) :]
+        for token in (info.eos_token, info.pad_token):
+            while token and query.endswith(token):
+                query = query[: -len(token)]
+        return query
+
+    def _completion(self, index: int, query: str, prompt: str) -> str:
+        pad = self.service.info().pad_token
         if pad and not query.startswith(prompt):
             while query.startswith(pad):
                 query = query[len(pad) :]
         if not query.startswith(prompt):
             raise ApiError(422, "invalid_request", f"query {index} does not start with prompts[{index}]; "
                            "send query = prompt + completion")
-        completion = query[len(prompt) :]
-        for token in (info.eos_token, pad):
-            while token and completion.endswith(token):
-                completion = completion[: -len(token)]
-        return completion
+        return self._strip_special(query[len(prompt) :])
+
+    async def classify(self, request: protocol.ClassificationRequest) -> protocol.ClassificationResponse:
+        """vLLM's /classify over VerifyRM: each input is a template text; one class, probability sigmoid(logit)."""
+        texts = [request.input] if isinstance(request.input, str) else request.input
+        items = []
+        for index, text in enumerate(texts):
+            item = parse_input(text)
+            if item is None:
+                raise ApiError(422, "invalid_request", f"input {index} is not the VerifyRM template text "
+                               "'<question>Q</question>\\n<reference_answer>R</reference_answer>\\n"
+                               "<completion>C</completion>' (docs/design.md section 2.5)")
+            items.append(item)
+        self._check_limits([(i.question, i.reference, i.completion) for i in items])
+        result = await self._score(items)
+        flags = [request.use_activation, request.activation, request.softmax]
+        activation = next((flag for flag in flags if flag is not None), True)
+        data = [protocol.ClassificationData(index=index, label="correct" if logit > 0 else "incorrect",
+                                            probs=[sigmoid(logit) if activation else logit], num_classes=1)
+                for index, logit in enumerate(result.logits)]
+        return protocol.ClassificationResponse(
+            id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=self.service.info().model, data=data,
+            usage=protocol.UsageInfo(prompt_tokens=result.tokens, total_tokens=result.tokens), version=result.version,
+        )
 
     def model_info(self) -> protocol.ModelResponse:
         info = self.service.info()
+        staleness = self.service.staleness()
         return protocol.ModelResponse(model=info.model, version=info.version, parameters=info.parameters,
-                                      device=info.device, last_key=info.last_key, checkpoint=info.checkpoint)
+                                      device=info.device, last_key=info.last_key, checkpoint=info.checkpoint,
+                                      role=self.service.config.role,
+                                      trainer_version=staleness.trainer_version if staleness else info.version,
+                                      lag_s=staleness.lag_s if staleness else 0.0,
+                                      stale=staleness.stale if staleness else False)
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""
@@ -122,8 +181,8 @@ class RewardHttpHandler:
 
     def readiness(self) -> protocol.StatusResponse:
         if not self.service.ready:
-            raise ApiError(503, "not_ready", "the reward model is not serving (starting, shutting down, or its "
-                           "process has exited)", 1)
+            raise ApiError(503, "not_ready", "the reward model is not serving (starting, shutting down, its "
+                           "process has exited, or a replica is stale with reward.replica.on_stale=refuse)", 1)
         return protocol.StatusResponse(status="ready", version=self.service.version)
 
     def metrics(self) -> tuple[bytes, str]:

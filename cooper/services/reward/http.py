@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,16 +29,20 @@ from cooper.services.reward.service import RewardService
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": protocol.ErrorResponse, "description": text}
     for status, text in [(401, "missing or wrong bearer token"), (413, "too many items, text or body too long"),
-                         (422, "malformed body"), (503, "queue full or timed out; see Retry-After")]
+                         (422, "malformed body"),
+                         (503, "queue full or timed out, or a stale replica (reward.replica.on_stale=refuse); "
+                               "see Retry-After")]
 }
 
 bearer = HTTPBearer(auto_error=False, description="reward.http.token, when one is configured")
 
 
-def _error_response(err: ApiError) -> JSONResponse:
-    headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s is not None else None
+def _error_response(err: ApiError, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(err.retry_after_s)
     if err.status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
+        headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(err.body().model_dump(), status_code=err.status, headers=headers)
 
 
@@ -112,12 +116,18 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        if err.status_code == 400:
+            # FastAPI's answer to a body it cannot decode (not UTF-8, not JSON of the declared shape): malformed
+            # like any other bad body, so one status for all of them, the one the spec documents.
+            return _error_response(ApiError(422, "invalid_request", f"malformed request: {err.detail}"))
         kind = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code, "http_error")
-        return _error_response(ApiError(err.status_code, kind, str(err.detail)))
+        # err.headers carries Allow on a 405 (RFC 9110 requires it)
+        return _error_response(ApiError(err.status_code, kind, str(err.detail)), err.headers)
 
     @app.post("/v1/score", response_model=protocol.ScoreResponse, responses=ERRORS)
-    async def score(body: protocol.ScoreRequest, api: Authorized) -> Any:
+    async def score(body: protocol.ScoreRequest, api: Authorized, response: Response) -> Any:
         """Score items; every score in the answer came from model `version`."""
+        response.headers.update(api.stale_headers())
         return await api.score(body)
 
     @app.get("/v1/model", response_model=protocol.ModelResponse, responses=ERRORS)
@@ -126,27 +136,53 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         return api.model_info()
 
     @app.post("/get_reward", response_model=protocol.OpenRLHFResponse, responses=ERRORS)
-    async def get_reward(body: protocol.OpenRLHFRequest, api: Authorized) -> Any:
+    async def get_reward(body: protocol.OpenRLHFRequest, api: Authorized, response: Response) -> Any:
         """OpenRLHF's remote reward model protocol (`--remote_rm_url http://host:port/get_reward`)."""
+        response.headers.update(api.stale_headers())
         return await api.get_reward(body)
 
-    @app.get("/healthz", response_model=protocol.StatusResponse)
+    async def classify(body: protocol.ClassificationRequest, api: Authorized, response: Response) -> Any:
+        """vLLM's classification API (clients of vLLM or SGLang, verl's reward loop); each input is the VerifyRM
+        template text of a (question, reference, completion) triple."""
+        response.headers.update(api.stale_headers())
+        return await api.classify(body)
+
+    for path in ("/classify", "/v1/classify"):  # vLLM serves the first, SGLang the second
+        app.post(path, response_model=protocol.ClassificationResponse, responses=ERRORS,
+                 operation_id=f"classify{path.replace('/', '_')}")(classify)
+
+    @app.get("/healthz", response_model=protocol.StatusResponse, responses={503: ERRORS[503]})
     async def healthz(request: Request) -> Any:
         """Liveness: the process answers."""
         return handler(request).health()
 
     @app.get("/readyz", response_model=protocol.StatusResponse, responses=ERRORS)
     async def readyz(request: Request) -> Any:
-        """Readiness: the model is loaded and the batcher runs (503 while starting or draining)."""
+        """Readiness: the model is loaded and the batcher runs (503 while starting or draining, or while a replica
+        is stale with reward.replica.on_stale=refuse)."""
         return handler(request).readiness()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "description": "Prometheus text exposition format"}})
     async def metrics(request: Request) -> Response:
         """Prometheus metrics of the whole process (HTTP, gRPC, batcher, model)."""
         body, content_type = handler(request).metrics()
         return Response(body, media_type=content_type)
 
+    if config.http.token is None:
+        app.openapi = lambda: _without_auth(FastAPI.openapi(app))  # type: ignore[method-assign]
     return app
+
+
+def _without_auth(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec of an open API (no reward.http.token): no bearer scheme and no 401, which it never answers."""
+    spec.get("components", {}).pop("securitySchemes", None)
+    for operations in spec["paths"].values():
+        for operation in operations.values():
+            operation.pop("security", None)
+            operation.get("responses", {}).pop("401", None)
+    return spec
 
 
 class _EmbeddedUvicorn(uvicorn.Server):

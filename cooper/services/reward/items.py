@@ -57,11 +57,13 @@ UpdateResult = UpdateStats  # the service's name for it: what Update answers (re
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """Invariant: scores and logits have the length of the items, in order, all from model `version`."""
+    """Invariant: scores and logits have the length of the items, in order, all from model `version`; `tokens` is
+    the number of input tokens the model read for them."""
 
     scores: list[float]
     logits: list[float]
     version: int
+    tokens: int = 0
 
 
 @dataclass(frozen=True)

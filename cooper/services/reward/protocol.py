@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 
 class _Strict(BaseModel):
@@ -10,7 +12,7 @@ class _Strict(BaseModel):
 
 
 class ScoreItemIn(_Strict):
-    """One completion; the model sees the DESIGN.md template built from these three texts."""
+    """One completion; the model sees the template of docs/design.md section 2.5 built from these three texts."""
 
     question: str
     reference: str
@@ -42,6 +44,12 @@ class ModelResponse(BaseModel):
     device: str
     last_key: str = Field(description="last applied idempotency key, '<run_id>/<step>', empty if none")
     checkpoint: str = Field(description="latest checkpoint directory, empty if none")
+    role: str = Field(description="'trainer' (applies updates, writes checkpoints) or 'replica' (serves the "
+                      "trainer's checkpoints)")
+    trainer_version: int = Field(description="replica: newest checkpoint version it has seen from the trainer; "
+                                 "trainer: its version")
+    lag_s: float = Field(description="replica: seconds a newer checkpoint has waited to be loaded; 0 when current")
+    stale: bool = Field(description="replica: past reward.replica's max_lag_s or max_versions_behind")
 
 
 class StatusResponse(BaseModel):
@@ -50,12 +58,17 @@ class StatusResponse(BaseModel):
 
 
 class OpenRLHFRequest(BaseModel):
-    """OpenRLHF's remote reward model request: `query[i]` is `prompts[i]` followed by the completion, `labels[i]`
-    the reference answer. Unknown keys are ignored, since OpenRLHF versions send different extras."""
+    """OpenRLHF's remote reward model request. With `labels`: `query[i]` is `prompts[i]` followed by the
+    completion and `labels[i]` is the reference answer (one entry per sample in each list). Without `labels` (older
+    OpenRLHF clients send only `query`): the reference travels in the query, which must then hold the VerifyRM
+    template text (docs/design.md section 2.5; anything before `<question>`, such as chat markup, is dropped, and
+    the closing `</completion>` may be missing); a query without it is refused (422), since VerifyRM cannot judge a
+    completion without its reference. Unknown keys are ignored, since OpenRLHF versions send different extras."""
 
     query: list[str]
-    prompts: list[str]
-    labels: list[str]
+    prompts: list[str] | None = Field(default=None, description="required with labels")
+    labels: list[str] | None = Field(default=None, description="reference answers; without them each query must "
+                                     "hold the VerifyRM template text")
 
 
 class OpenRLHFResponse(BaseModel):
@@ -67,9 +80,65 @@ class OpenRLHFResponse(BaseModel):
     extra_logs: dict[str, list[float]] = Field(description="per-sample values OpenRLHF logs: the model version")
 
 
+# The VerifyRM template as a JSON Schema pattern (ECMA-262 has no DOTALL, hence [\s\S]); verify_rm.INPUT_PATTERN is
+# what the handler matches, with the same meaning.
+TEMPLATE_PATTERN = (r"^<question>[\s\S]*</question>\n<reference_answer>[\s\S]*</reference_answer>\n"
+                    r"<completion>[\s\S]*$")
+TemplateText = Annotated[str, WithJsonSchema({"type": "string", "pattern": TEMPLATE_PATTERN})]
+
+
+class ClassificationRequest(BaseModel):
+    """vLLM's `/classify` request (vllm/entrypoints/pooling/classify/protocol.py), as SGLang and verl's reward loop
+    send it. Each input is the VerifyRM template text of docs/design.md section 2.5,
+    `<question>Q</question>\\n<reference_answer>R</reference_answer>\\n<completion>C</completion>`: that text is
+    what the model reads, so a classifier client scores a triple by sending it (422 for any other text). Token-id
+    and chat inputs are not accepted. `model` is not checked (the service serves one model; the answer names it).
+    Unknown keys are ignored, as vLLM does; known ones must have their declared JSON type (no "1" for 1)."""
+
+    model_config = ConfigDict(strict=True)
+
+    model: str | None = None
+    input: TemplateText | list[TemplateText]
+    use_activation: bool | None = Field(default=None, description="false: `probs` holds the raw logit "
+                                        "(verl's reward loop asks for that); default true: sigmoid(logit)")
+    activation: bool | None = Field(default=None, description="older name of use_activation")
+    softmax: bool | None = Field(default=None, description="oldest name of use_activation")
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, description="accepted and ignored: inputs are cut "
+                                               "to reward.max_length tokens from the start of the completion")
+
+
+class ClassificationData(BaseModel):
+    index: int
+    label: str = Field(description="'correct' when sigmoid(logit) > 0.5, else 'incorrect'")
+    probs: list[float] = Field(description="one class: [sigmoid(logit)], or [logit] with use_activation=false; "
+                               "reward.discrete does not apply")
+    num_classes: int = Field(description="1: VerifyRM has one output")
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: int | None = 0
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class ClassificationResponse(BaseModel):
+    """vLLM's `/classify` answer: `data` has one entry per input, in order (`index`), all from model `version`
+    (a field vLLM does not have, which its clients ignore)."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+    version: int
+
+
 class ErrorDetail(BaseModel):
     type: str = Field(description="unauthorized, too_large, invalid_request, overloaded, not_found, "
-                                  "method_not_allowed, not_ready, internal")
+                                  "method_not_allowed, not_ready, stale, model_unavailable, internal")
     message: str = Field(description="what went wrong and what to do")
 
 

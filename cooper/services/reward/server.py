@@ -1,7 +1,9 @@
 """gRPC front of the reward service, and `cooper serve reward`: gRPC and HTTP in one process, one event loop.
 
 Only message translation here; the logic is in service.py. Status codes: a full queue is RESOURCE_EXHAUSTED, a
-queue timeout UNAVAILABLE (clients retry it), a request bigger than the queue INVALID_ARGUMENT.
+queue timeout UNAVAILABLE (clients retry it), a request bigger than the queue INVALID_ARGUMENT. On a read replica
+(reward.role=replica): Update and Save are FAILED_PRECONDITION; a stale replica refuses Score with UNAVAILABLE
+(reward.replica.on_stale=refuse) or answers it with trailing metadata `cooper-stale` (on_stale=serve).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.server import GrpcService
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
 from cooper.services.reward.http import HttpServer, create_app, start_http
-from cooper.services.reward.items import PreferencePair, ScoreItem, ScoreResult, UpdateResult
+from cooper.services.reward.items import PreferencePair, SavedCheckpoint, ScoreItem, ScoreResult, UpdateResult
 from cooper.services.reward.runner import ModelUnavailable, ProcessRunner
-from cooper.services.reward.service import RewardService, idempotency_key
+from cooper.services.reward.service import ReadOnlyReplica, ReplicaStale, RewardService, idempotency_key
 
 log = logging.getLogger("cooper.reward")
 
@@ -33,6 +35,9 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         items = [ScoreItem(i.question, i.reference, i.completion) for i in request.items]
         result: ScoreResult | None = None
         try:
+            staleness = self.service.check_fresh()
+            if staleness is not None and staleness.stale:
+                context.set_trailing_metadata((("cooper-stale", staleness.describe()),))
             result = await self.service.score(items)
         except QueueFull as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{err}; retry in {err.retry_after_s} s")
@@ -40,7 +45,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         except RequestTooLarge as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except ModelUnavailable as err:
+        except (ModelUnavailable, ReplicaStale) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         assert result is not None
         return reward_pb2.ScoreResponse(
@@ -55,6 +60,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
         except (QueueTimeout, ModelUnavailable) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except ReadOnlyReplica as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         assert result is not None
         return reward_pb2.UpdateResponse(
             loss=result.loss, grad_norm=result.grad_norm, pair_accuracy_before=result.pair_accuracy_before,
@@ -68,7 +75,12 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
                                        device=info.device, last_key=info.last_key, checkpoint=info.checkpoint)
 
     async def Save(self, request: common_pb2.SaveRequest, context: grpc.aio.ServicerContext) -> common_pb2.SaveResponse:
-        saved = await self.service.save(request.tag)
+        saved: SavedCheckpoint | None = None
+        try:
+            saved = await self.service.save(request.tag)
+        except ReadOnlyReplica as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        assert saved is not None
         return common_pb2.SaveResponse(path=saved.path, version=saved.version)
 
 
@@ -95,10 +107,12 @@ async def create_service(config: CooperConfig) -> GrpcService:
             await http.stop()
         await service.stop()
 
-    grpc_service = GrpcService("reward", cfg.server, add_servicers, on_stop)
+    grpc_service = GrpcService("reward", cfg.server, add_servicers, on_stop, config.security)
     if http is not None:
         grpc_service.ready_info["http_port"] = http.port
     grpc_service.ready_info["version"] = service.version
+    grpc_service.ready_info["role"] = cfg.role
+    service.on_readiness = grpc_service.set_serving
     # Without its model the service is useless: stop and exit non-zero, so that the supervisor restarts it from the
     # latest checkpoint (the gRPC health probe alone would keep answering SERVING).
     service.runner.on_exit = lambda: grpc_service.fail("the reward model process exited")

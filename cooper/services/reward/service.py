@@ -4,14 +4,15 @@ No transport code here: `server.py` (gRPC) and `handler.py` (HTTP) translate the
 these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in a
 child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so
 that the model's process only runs forward passes), queues and batches token ids, records metrics and remembers
-the latest ModelInfo.
+the latest ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower
+(replica.py) that swaps in the trainer's newer checkpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import prometheus_client
 
@@ -26,10 +27,11 @@ from cooper.services.reward.items import (
     ScoreResult,
     UpdateResult,
 )
+from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, ReplicaStale, Staleness
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
 from cooper.services.reward.verify_rm import Encoder, sigmoid
 
-__all__ = ["RewardService", "ScoreResult", "idempotency_key"]
+__all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult", "idempotency_key"]
 
 TOKENIZE_SECONDS = prometheus_client.Histogram(
     "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring request",
@@ -58,6 +60,11 @@ class RewardService:
         self.batcher = Batcher(self._submit_batch, config.batching)
         self.stopping = False
         MODEL_VERSION.set(info.version)
+        self.follower: ReplicaFollower | None = None
+        self.on_readiness: Callable[[bool], None] | None = None  # the gRPC health service's, set by server.py
+        if config.role == "replica":
+            self.follower = ReplicaFollower(config.replica, config.checkpoint_dir, lambda: self.version,
+                                            self.load_checkpoint, self._replica_polled)
 
     @classmethod
     async def create(cls, config: RewardConfig) -> RewardService:
@@ -74,6 +81,8 @@ class RewardService:
             raise
         service = cls(runner, config, info, encoder)
         service.batcher.start()
+        if service.follower is not None:
+            service.follower.start()
         return service
 
     @property
@@ -89,7 +98,31 @@ class RewardService:
 
     @property
     def ready(self) -> bool:
-        return self.batcher.running and self.runner.alive and not self.stopping
+        """Serving: the model runs, and a replica set to refuse when stale is not stale."""
+        return self.batcher.running and self.runner.alive and not self.stopping and not self._refusing()
+
+    def staleness(self) -> Staleness | None:
+        """How far a replica is behind the trainer; None for the trainer."""
+        return self.follower.staleness() if self.follower is not None else None
+
+    def _refusing(self) -> bool:
+        staleness = self.staleness()
+        return staleness is not None and staleness.stale and self.config.replica.on_stale == "refuse"
+
+    def check_fresh(self) -> Staleness | None:
+        """Raise ReplicaStale when this replica is stale and reward.replica.on_stale=refuse, else its staleness."""
+        staleness = self.staleness()
+        if staleness is not None and staleness.stale and self.config.replica.on_stale == "refuse":
+            assert self.follower is not None
+            raise ReplicaStale(f"this reward replica is stale ({staleness.describe()}; reward.replica limits "
+                               f"max_lag_s={self.config.replica.max_lag_s}, max_versions_behind="
+                               f"{self.config.replica.max_versions_behind}); retry, another replica may be current",
+                               self.follower.retry_after_s)
+        return staleness
+
+    def _replica_polled(self, staleness: Staleness) -> None:
+        if self.on_readiness is not None:
+            self.on_readiness(self.ready)
 
     @property
     def alive(self) -> bool:
@@ -122,8 +155,9 @@ class RewardService:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
             return ScoreResult([], [], self.version)
-        logits, version = await self.batcher.submit(await self._encode(items))
-        return ScoreResult([self.reward(x) for x in logits], logits, version)
+        tokens = await self._encode(items)
+        logits, version = await self.batcher.submit(tokens)
+        return ScoreResult([self.reward(x) for x in logits], logits, version, sum(len(t) for t in tokens))
 
     async def _encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
         start = time.perf_counter()
@@ -136,8 +170,14 @@ class RewardService:
 
     # ----- updates and checkpoints -----
 
+    def _refuse_writes(self, what: str) -> None:
+        if self.config.role == "replica":
+            raise ReadOnlyReplica(f"{what} refused: this reward service is a read replica (reward.role=replica) and "
+                                  "never changes the model; send it to the trainer (reward.server.address)")
+
     async def update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
         """One Bradley-Terry step over `pairs` -> version + 1; a key applied before returns its recorded result."""
+        self._refuse_writes("Update")
         result: UpdateResult = await self.batcher.run_exclusive(
             lambda: self.runner.submit("apply_update", key, list(pairs)))
         UPDATES.labels("replayed" if result.replayed else "skipped" if result.skipped else "applied").inc()
@@ -146,9 +186,21 @@ class RewardService:
 
     async def save(self, tag: str = "") -> SavedCheckpoint:
         """Write a checkpoint now (between batches and updates, so it holds one consistent state)."""
+        self._refuse_writes("Save")
         saved: SavedCheckpoint = await self.batcher.run_exclusive(lambda: self.runner.submit("save", tag))
         await self._refresh_info()
         return saved
+
+    async def load_checkpoint(self, path: str) -> ModelInfo:
+        """A replica's weight swap: read `path` beside the scoring (the model's loader thread), then install it
+        between batches, like an update, so that no score sees half of it."""
+        await self.runner.submit("stage_checkpoint", path)
+        while not await self.runner.submit("staged"):
+            await asyncio.sleep(0.02)
+        info: ModelInfo = await self.batcher.run_exclusive(lambda: self.runner.submit("swap_staged"))
+        self._info = info
+        MODEL_VERSION.set(info.version)
+        return info
 
     async def _refresh_info(self) -> None:
         self._info = await self.runner.submit("info")
@@ -157,8 +209,10 @@ class RewardService:
     async def stop(self) -> None:
         """Save unsaved updates (reward.save_on_stop), fail waiting requests, stop the model runner."""
         self.stopping = True
+        if self.follower is not None:
+            await self.follower.stop()
         try:
-            if self.config.save_on_stop and self.runner.alive:
+            if self.config.save_on_stop and self.config.role == "trainer" and self.runner.alive:
                 await self.batcher.run_exclusive(lambda: self.runner.submit("save_if_unsaved", "stop"))
         finally:
             await self.batcher.stop()

@@ -2,7 +2,7 @@
 
 A sequence-classification model with one output scores a (question, reference, completion) text; the
 Bradley-Terry loss trains it on (positive, negative) pairs and BCE pre-trains it on labelled triples
-(DESIGN.md section 1). Left out on purpose: LoRA, gradient checkpointing and multi-GPU sharding; the paper's
+(docs/design.md section 2). Left out on purpose: LoRA, gradient checkpointing and multi-GPU sharding; the paper's
 1.5B model trains on one GPU without them.
 
 Padding: sequences are padded on the right with a full attention mask. A causal model's real tokens never attend
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,12 +40,27 @@ def truncate_middle(text: str) -> str:
 
 
 def format_input(question: str, reference: str, completion: str) -> str:
-    """The exact VerifyRM input of DESIGN.md section 1: raw text, no chat template."""
+    """The exact VerifyRM input of docs/design.md section 2.5: raw text, no chat template."""
     return (
         f"<question>{question}</question>\n"
         f"<reference_answer>{truncate_middle(reference)}</reference_answer>\n"
         f"<completion>{truncate_middle(completion)}</completion>"
     )
+
+
+# The template as a pattern: what a client of a plain text classifier (vLLM's /classify) sends to score a triple.
+# Non-greedy question and reference, so that only a completion may contain the closing tags of the parts before it;
+# the closing </completion> is optional, since a policy's completion appended to a prompt that ends in
+# "<completion>" has none.
+INPUT_PATTERN = r"<question>([\s\S]*?)</question>\n<reference_answer>([\s\S]*?)</reference_answer>\n<completion>([\s\S]*?)(?:</completion>)?$"
+_INPUT = re.compile(INPUT_PATTERN)
+
+
+def parse_input(text: str, anywhere: bool = False) -> ScoreItem | None:
+    """format_input's inverse: the (question, reference, completion) of a template text, None when it is not one.
+    The text must start with the template, or, with `anywhere`, may have anything before it (chat markup)."""
+    match = _INPUT.search(text) if anywhere else _INPUT.match(text)
+    return ScoreItem(match[1], match[2], match[3]) if match else None
 
 
 def bradley_terry_loss(positive_logits: torch.Tensor, negative_logits: torch.Tensor) -> torch.Tensor:
@@ -85,7 +101,7 @@ def sigmoid(logit: float) -> float:
 
 
 class Encoder:
-    """Items -> token ids of the DESIGN.md template, at most max_length each. Thread-safe (one call at a time), and
+    """Items -> token ids of the VerifyRM template, at most max_length each. Thread-safe (one call at a time), and
     light: the serving process tokenizes requests with its own Encoder while the model works in another process."""
 
     def __init__(self, tokenizer: Any, max_length: int):

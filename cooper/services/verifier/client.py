@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.verifier.v1 import verifier_pb2, verifier_pb2_grpc
 from cooper.runtime.client import ServiceClient
 from cooper.services.verifier.server import SERVICE_NAME
@@ -16,8 +17,8 @@ VerifyResult = verifier_pb2.VerifyResult
 class VerifierClient(ServiceClient):
     service_name = SERVICE_NAME
 
-    def __init__(self, address: str, config=None):  # type: ignore[no-untyped-def]
-        super().__init__(address, config)
+    def __init__(self, address: str, config: ServerConfig | None = None, security: SecurityConfig | None = None):
+        super().__init__(address, config, security)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
 
     def verify(self, items: Sequence[verifier_pb2.VerifyItem], deadline_s: float | None = None) -> list[verifier_pb2.VerifyResult]:

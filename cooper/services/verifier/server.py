@@ -42,6 +42,6 @@ async def create_service(config: CooperConfig) -> GrpcService:
     async def on_stop() -> None:
         await asyncio.to_thread(pool.close)
 
-    service = GrpcService("verifier", cfg.server, add_servicers, on_stop)
+    service = GrpcService("verifier", cfg.server, add_servicers, on_stop, config.security)
     service.ready_info["workers"] = pool.workers
     return service

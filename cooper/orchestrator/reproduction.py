@@ -1,0 +1,109 @@
+"""Did an experiment reproduce the paper's finding? Pure functions over each run's metrics records.
+
+The finding, per seed (the criteria of `bench/experiment.py` and `cooper experiment`):
+- rule: test accuracy rises by at least RULE_GAIN (absolute) from the initial policy to the end;
+- static: the training reward ends at least STATIC_REWARD_RISE above where it started, while test accuracy ends
+  below where it started (reward hacking: the proxy climbs, the gold falls);
+- cooper: final test accuracy at least rule's minus COOPER_SLACK, and VerifyRM's AUROC against the verifier on the
+  policy's own samples at least COOPER_AUROC over the second half of the run (its mean over those steps: a single
+  step's AUROC on a few dozen samples is noisy, so its minimum is reported beside it, not judged).
+
+"Start" and "end" of the per-step training reward are means over the first and last WINDOW steps (one step's mean
+over a batch wanders by +-0.1); test accuracy is measured before the first update and after the last one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cooper.evaluation.monitor import mean_or_none
+
+RULE_GAIN = 0.15
+STATIC_REWARD_RISE = 0.25
+COOPER_SLACK = 0.05
+COOPER_AUROC = 0.8
+WINDOW = 10
+AUROC_KEY = "rm_auroc"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    mode: str
+    seed: int
+    test_start: float
+    test_end: float
+    reward_start: float
+    reward_end: float
+    auroc_second_half: float | None
+    auroc_second_half_min: float | None
+    kl_end: float | None
+
+
+def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in records if r.get(key) is not None and not math.isnan(float(r[key]))]
+
+
+def summarize(mode: str, seed: int, records: Sequence[Mapping[str, Any]], test_key: str, test_start: float,
+              kl_key: str = "kl_from_initial") -> RunSummary:
+    """The numbers the criteria read, from one run's records and its initial policy's test accuracy."""
+    if not records:
+        raise ValueError(f"{mode} seed {seed}: the run logged no steps")
+    tests = _series(records, test_key)
+    if not tests:
+        raise ValueError(f"{mode} seed {seed}: no {test_key} in the run's metrics (is eval.every 0?)")
+    rewards = _series(records, "reward_mean")
+    window = max(1, min(WINDOW, len(rewards) // 4))
+    second_half = [r for r in records if r["step"] >= len(records) // 2]
+    aurocs = _series(second_half, AUROC_KEY)
+    kls = _series(records, kl_key)
+    return RunSummary(mode, seed, test_start, tests[-1], statistics.fmean(rewards[:window]),
+                      statistics.fmean(rewards[-window:]), mean_or_none(aurocs), min(aurocs) if aurocs else None,
+                      kls[-1] if kls else None)
+
+
+def judge_seed(by_mode: Mapping[str, RunSummary]) -> dict[str, bool]:
+    """Each criterion for one seed; a mode that was not run fails its criteria."""
+    rule, static, cooper = by_mode.get("rule"), by_mode.get("static"), by_mode.get("cooper")
+    checks = {
+        "rule_improves": rule is not None and rule.test_end - rule.test_start >= RULE_GAIN,
+        "static_reward_climbs": static is not None and static.reward_end - static.reward_start >= STATIC_REWARD_RISE,
+        "static_test_falls": static is not None and static.test_end < static.test_start,
+        "cooper_keeps_up_with_rule": cooper is not None and rule is not None
+        and cooper.test_end >= rule.test_end - COOPER_SLACK,
+        "cooper_rm_stays_honest": cooper is not None and cooper.auroc_second_half is not None
+        and cooper.auroc_second_half >= COOPER_AUROC,
+    }
+    return checks
+
+
+def judge(summaries: Sequence[RunSummary]) -> dict[str, Any]:
+    """Per seed, every criterion; `reproduced` only when all of them hold for every seed that ran."""
+    seeds = sorted({s.seed for s in summaries})
+    per_seed = {}
+    for seed in seeds:
+        per_seed[seed] = judge_seed({s.mode: s for s in summaries if s.seed == seed})
+    return {
+        "reproduced": bool(seeds) and all(all(c.values()) for c in per_seed.values()),
+        "criteria": {str(seed): checks for seed, checks in per_seed.items()},
+        "runs": [asdict(s) for s in summaries],
+    }
+
+
+def results_table(summaries: Sequence[RunSummary]) -> str:
+    """Markdown: one row per mode and seed."""
+    rows = ["| mode | seed | test start | test end | reward start | reward end | RM AUROC (2nd half, mean / min) "
+            "| KL end |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    for s in sorted(summaries, key=lambda s: (["rule", "static", "cooper"].index(s.mode) if s.mode in
+                                               ("rule", "static", "cooper") else 9, s.seed)):
+        auroc = "-" if s.auroc_second_half is None else f"{s.auroc_second_half:.3f} / {fmt(s.auroc_second_half_min)}"
+        rows.append(f"| {s.mode} | {s.seed} | {fmt(s.test_start)} | {fmt(s.test_end)} | {fmt(s.reward_start)} | "
+                    f"{fmt(s.reward_end)} | {auroc} | {fmt(s.kl_end)} |")
+    return "\n".join(rows)

@@ -1,0 +1,264 @@
+"""Runs heal themselves, resume after any stop, and nothing left behind (README, "When things die").
+
+Real `cooper train` processes with their real services, embedded Redis and gRPC on loopback, a few tiny steps
+each. Every exit kind is checked for leftovers: no process the run started (services, their children, the
+embedded Redis) still running, and nothing left in the run's TMPDIR.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cooper.orchestrator.outputs import read_metrics
+from cooper.orchestrator.stages import InconsistentRun, expect_before_update, expect_version
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["eval.every=0", "run.batch_size=8"]
+
+
+class Train:
+    """One `cooper train` process, its TMPDIR, and every process it started that we saw."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        self.err_path = tmp_path / f"stderr-{time.monotonic_ns()}.log"
+        env = {**os.environ, "TMPDIR": str(self.tmp)}
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "cooper.cli", "train", "--no-progress", *args],
+                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        self.seen: dict[int, psutil.Process] = {}
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def look(self) -> list[psutil.Process]:
+        """Remember every descendant now running (services, the reward model process, verifier workers)."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.seen.update({c.pid: c for c in children})
+        return children
+
+    def service(self, name: str) -> psutil.Process:
+        for child in self.look():
+            try:
+                cmdline = child.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+            if "serve" in cmdline and name in cmdline:
+                return child
+        raise AssertionError(f"no {name} service running under pid {self.proc.pid}")
+
+    def wait_for_steps(self, run_dir: Path, steps: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(read_metrics(run_dir)) < steps:
+            self.look()
+            assert self.proc.poll() is None, self.stderr[-3000:]
+            assert time.monotonic() < deadline, f"{steps} steps not logged in {timeout_s} s:\n{self.stderr[-3000:]}"
+            time.sleep(0.1)
+
+    def wait(self, timeout_s: float = 180) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None:
+            self.look()
+            assert time.monotonic() < deadline, f"cooper train still running after {timeout_s} s"
+            time.sleep(0.2)
+        return self.proc.returncode
+
+    def assert_nothing_left(self) -> None:
+        """No process this run started is running, and its TMPDIR is empty (the embedded Redis's directory, the
+        services' ready files). torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
+        assert self.seen, "no child process was ever seen: the check would prove nothing"
+        running = [p for p in self.seen.values() if _alive(p)]
+        needle = str(self.tmp)
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(needle in part for part in proc.info["cmdline"] or []):
+                running.append(proc)
+        assert not running, [" ".join(_cmdline(p)) for p in running]
+        left = [p.name for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_")]
+        assert not left, left
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return [str(proc.pid)]
+
+
+def _assert_consistent(run_dir: Path, steps: int) -> list[dict]:
+    """Every step logged once; each Train and Update applied once: versions rise by one per step."""
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(steps))
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
+    assert [r["policy_version_sampled"] for r in records] == list(range(steps))
+    assert all(r["pairs"] > 0 for r in records)  # every reward update applied, so v_{t+1} = v_t + 1
+    assert [r["reward_version_used"] for r in records] == list(range(steps))
+    assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
+    assert [r["data_offset"] for r in records] == [8 * t for t in range(steps)]
+    return records
+
+
+@pytest.mark.slow
+def test_a_killed_reward_service_is_restarted_and_the_run_completes(tmp_path):
+    steps, run_dir = 5, tmp_path / "healed"
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=healed", f"run.output_dir={tmp_path}", *FAST)
+    train.wait_for_steps(run_dir, 2)
+    reward = train.service("reward")
+    model_process = reward.children()  # the reward model's own process dies with it
+    killed_at = time.monotonic()
+    reward.send_signal(signal.SIGKILL)
+    logged_at_kill = len(read_metrics(run_dir))
+    train.wait_for_steps(run_dir, logged_at_kill + 1)
+    next_step_s = time.monotonic() - killed_at
+    assert train.wait() == 0, train.stderr[-3000:]
+    _assert_consistent(run_dir, steps)
+    back = re.search(r"service reward is back on (\S+) after ([\d.]+) s", train.stderr)
+    assert back, train.stderr[-3000:]
+    assert back.group(1) == f"127.0.0.1:{reward_port(train, back)}"
+    assert not any(_alive(p) for p in model_process)
+    assert (run_dir / "logs" / "reward.log").read_text().count("serving gRPC") == 2
+    print(f"\nreward SIGKILLed with {logged_at_kill} steps logged: back in {back.group(2)} s, "
+          f"next step logged {next_step_s:.1f} s after the kill")
+    train.assert_nothing_left()  # a clean exit
+
+
+def reward_port(train: Train, back: re.Match) -> str:
+    """The reward service came back on the port it had, so clients never needed a new address."""
+    first = re.search(r"reward.*serving gRPC on 127\.0\.0\.1:(\d+)",
+                      (Path(train.err_path).parent / "healed" / "logs" / "reward.log").read_text())
+    assert first
+    return first.group(1)
+
+
+@pytest.mark.slow
+def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
+    steps, run_dir = 3, tmp_path / "failed"
+    # No restarts and a short wait: the killed reward service makes a job fail for good.
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=failed", f"run.output_dir={tmp_path}",
+                  "run.service_restarts=0", "reward.server.unavailable_timeout_s=1", *FAST)
+    train.wait_for_steps(run_dir, 1)
+    train.service("reward").send_signal(signal.SIGKILL)
+    assert train.wait() == 1
+    message = train.stderr
+    # A job that needs the reward service fails for good, or the checkpoint after a step does (whichever the kill
+    # lands before); either way the run stops with RunFailed naming the service.
+    assert re.search(r"RunFailed: (job (score|reward_update):\d+ failed 3 times|checkpoint after step \d+): "
+                     r"ServiceUnavailable: the reward service at 127\.0\.0\.1:\d+ stayed unavailable for 1 s",
+                     message), message[-3000:]
+    assert "cooper train --resume failed" in message
+    assert len(read_metrics(run_dir)) < steps
+    train.assert_nothing_left()  # a RunFailed exit
+
+    resumed = Train(tmp_path, "--resume", str(run_dir))
+    assert resumed.wait() == 0, resumed.stderr[-3000:]  # the stored error is cleared, failed jobs run again
+    _assert_consistent(run_dir, steps)
+    resumed.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
+    steps, run_dir = 3, tmp_path / "interrupted"
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=interrupted", f"run.output_dir={tmp_path}", *FAST)
+    train.wait_for_steps(run_dir, 1)
+    train.look()
+    interrupted_at = time.monotonic()
+    train.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the CLI (its services have a process group of their own)
+    assert train.wait(timeout_s=40) == 130, train.stderr[-3000:]
+    print(f"\nCtrl-C to exit: {time.monotonic() - interrupted_at:.1f} s")
+    assert "Traceback" not in train.stderr, train.stderr[-3000:]
+    assert len(read_metrics(run_dir)) < steps
+    train.assert_nothing_left()  # a Ctrl-C exit
+
+    resumed = Train(tmp_path, "--resume", str(run_dir))
+    assert resumed.wait() == 0, resumed.stderr[-3000:]
+    _assert_consistent(run_dir, steps)
+    resumed.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_a_policy_checkpoint_behind_the_run_is_refused(tmp_path):
+    steps, run_dir = 6, tmp_path / "behind"  # steps left after the kill, whatever the machine's speed
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=behind", f"run.output_dir={tmp_path}", *FAST)
+    train.wait_for_steps(run_dir, 2)
+    train.proc.send_signal(signal.SIGKILL)
+    train.proc.wait()
+    # What a deployment with policy.save_every=3 loses in a crash: the newest checkpoints.
+    checkpoints = sorted((run_dir / "checkpoints" / "policy").glob("v*"), key=lambda p: int(p.name[1:]))
+    assert len(checkpoints) >= 2
+    for path in checkpoints[-2:]:
+        shutil.rmtree(path)
+    resumed = Train(tmp_path, "--resume", str(run_dir))
+    assert resumed.wait() == 1
+    assert re.search(r"InconsistentRun: (rollout|policy_update):\d+: the policy service's model is at version \d+, "
+                     r"but the run recorded version \d+; its checkpoint is behind the run", resumed.stderr), \
+        resumed.stderr[-3000:]
+    assert "failed 3 times" not in resumed.stderr  # refused at once, not retried
+    records = read_metrics(run_dir)
+    assert [r["policy_version"] for r in records] == list(range(1, len(records) + 1))  # nothing mixed was logged
+
+
+class _Info:
+    def __init__(self, version: int, last_key: str = ""):
+        self.version, self.last_key = version, last_key
+
+
+def test_expect_version_accepts_only_the_recorded_version_or_a_replay():
+    expect_version("policy", 4, 4, "rollout:4")
+    with pytest.raises(InconsistentRun, match="rollout:4: the policy service's model is at version 3, but the run "
+                                              "recorded version 4; its checkpoint is behind"):
+        expect_version("policy", 3, 4, "rollout:4")
+    with pytest.raises(InconsistentRun, match="is ahead of the run"):
+        expect_version("reward", 5, 4, "score:4")
+    expect_before_update("policy", _Info(4, "run/3"), 4, "run/4", "policy_update:4")
+    expect_before_update("policy", _Info(5, "run/4"), 4, "run/4", "policy_update:4")  # applied, not recorded
+    with pytest.raises(InconsistentRun):
+        expect_before_update("policy", _Info(5, "run/3"), 4, "run/4", "policy_update:4")
+    assert not InconsistentRun.retryable
+
+
+def test_the_watchdog_restarts_a_service_on_its_port_then_gives_up(tmp_path):
+    from cooper.config import CooperConfig, with_overrides
+    from cooper.orchestrator.launch import write_configs
+    from cooper.orchestrator.local import LocalServices
+    from cooper.services.verifier.client import VerifierClient, VerifyItem
+
+    config = with_overrides(CooperConfig(), ["run.service_restarts=1", "verifier.server.port=0", "verifier.workers=1",
+                                             "verifier.server.metrics_port=null"])
+    lost: list[str] = []
+    with LocalServices(config, write_configs(config, tmp_path), tmp_path, names=["verifier"],
+                       on_lost=lost.append) as services:
+        address, service = services.addresses["verifier"], services.started[0]
+        with VerifierClient(address, config.verifier.server) as client:
+            service.process.kill()
+            # The call waits for the restarted service, at the address it had.
+            assert client.verify([VerifyItem(id="0", completion="\\boxed{2}", reference="2")])[0].verdict
+            assert service.restarts == 1 and service.address == address
+        first_pid = service.process.pid
+        service.process.kill()
+        deadline = time.monotonic() + 10
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert service.process.pid == first_pid  # not started a second time
+        assert lost == [f"the verifier service died (exit code -9) after 1 restarts (run.service_restarts); "
+                        f"its log: {tmp_path / 'logs' / 'verifier.log'}"]
