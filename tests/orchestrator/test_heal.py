@@ -78,6 +78,12 @@ class Train:
             time.sleep(0.2)
         return self.proc.returncode
 
+    def wait_for_children_to_exit(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while running := [p for p in self.seen.values() if _alive(p) and p.name() != "redis-server"]:
+            assert time.monotonic() < deadline, [" ".join(_cmdline(p)) for p in running]
+            time.sleep(0.1)
+
     def assert_nothing_left(self) -> None:
         """No process this run started is running, and its TMPDIR is empty (the embedded Redis's directory, the
         services' ready files). torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
@@ -167,7 +173,8 @@ def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
                      r"ServiceUnavailable: the reward service at 127\.0\.0\.1:\d+ stayed unavailable for 1 s",
                      message), message[-3000:]
     assert "cooper train --resume failed" in message
-    assert len(read_metrics(run_dir)) < steps
+    # How many steps were logged before the stop depends on the machine's speed (all of them, when only the last
+    # checkpoint was left to fail), so that is not asserted; the resume below must finish whatever was left.
     train.assert_nothing_left()  # a RunFailed exit
 
     resumed = Train(tmp_path, "--resume", str(run_dir))
@@ -201,8 +208,12 @@ def test_a_policy_checkpoint_behind_the_run_is_refused(tmp_path):
     steps, run_dir = 6, tmp_path / "behind"  # steps left after the kill, whatever the machine's speed
     train = Train(tmp_path, f"run.steps={steps}", "run.name=behind", f"run.output_dir={tmp_path}", *FAST)
     train.wait_for_steps(run_dir, 2)
+    train.look()
     train.proc.send_signal(signal.SIGKILL)
     train.proc.wait()
+    # The orphaned services get SIGTERM (processes.die_with_parent) and drain: an update in flight still finishes
+    # and saves its checkpoint. Deleting checkpoints before they are gone raced with that save.
+    train.wait_for_children_to_exit()
     # What a deployment with policy.save_every=3 loses in a crash: the newest checkpoints.
     checkpoints = sorted((run_dir / "checkpoints" / "policy").glob("v*"), key=lambda p: int(p.name[1:]))
     assert len(checkpoints) >= 2
