@@ -219,6 +219,12 @@ class RewardConfig(StrictModel):
     serving process."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
+    update_steps: int = Field(default=1, ge=1)
+    """AdamW steps per Update (one version), each over the update's pairs and its replay. The paper takes one."""
+    replay_updates: int = Field(default=0, ge=0)
+    """A variant beside the paper's recipe (0): each Update also trains on the pairs of this many previous Updates,
+    so that VerifyRM keeps pace with a policy that moves faster than one small batch of pairs can teach, and does
+    not forget last step's lesson while learning this one's. The replay is part of the checkpoint."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
     checkpoint_dir: str = "checkpoints/reward"

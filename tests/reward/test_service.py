@@ -69,6 +69,31 @@ def test_checkpoint_restart_resumes_version_scores_optimizer_and_keys(tmp_path: 
     asyncio.run(main())
 
 
+def test_the_replay_of_recent_pairs_is_trained_on_and_survives_a_restart(tmp_path: Path) -> None:
+    config = make_config(tmp_path, save_on_stop=False, replay_updates=2)
+    items = tiny_items(6)
+    steps = [tiny_pairs(3, seed=s) for s in range(4)]
+
+    async def main() -> None:
+        first = await RewardService.create(config)
+        for step in range(3):
+            await first.update(idempotency_key("run", step), steps[step])
+        assert [len(update) for update in first.core._replay] == [3, 3]  # the newest two updates only
+        await first.save()
+        second = await RewardService.create(config)
+        without = await RewardService.create(make_config(tmp_path, save_on_stop=False))  # same checkpoint, no replay
+        a = await first.update(idempotency_key("run", 3), steps[3])
+        b = await second.update(idempotency_key("run", 3), steps[3])
+        c = await without.update(idempotency_key("run", 3), steps[3])
+        assert (await first.score(items)).logits == (await second.score(items)).logits  # the replay came back
+        assert (a.grad_norm, a.loss) == (b.grad_norm, b.loss)
+        assert a.loss == c.loss and a.grad_norm != c.grad_norm  # same fresh pairs, a different step
+        for service in (first, second, without):
+            await service.stop()
+
+    asyncio.run(main())
+
+
 def test_checkpoints_are_atomic_pruned_and_saved_on_stop(tmp_path: Path) -> None:
     config = make_config(tmp_path, keep_checkpoints=2, save_every=2)
     root = Path(config.checkpoint_dir)

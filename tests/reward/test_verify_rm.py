@@ -101,6 +101,36 @@ def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:
     assert unchanged == []
 
 
+def test_replay_adds_to_the_gradient_but_not_to_the_reported_loss(tiny_rm_dir: str) -> None:
+    fresh, replay = tiny_pairs(3), tiny_pairs(5, seed=1)
+    with_replay = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=4), device="cpu")
+    together = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=4), device="cpu")
+    alone = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=4), device="cpu")
+    stats = with_replay.update(fresh, replay)
+    # The step is the one over all eight pairs ...
+    assert abs(stats.grad_norm - together.update(fresh + replay).grad_norm) < 1e-5
+    for a, b in zip(with_replay.model.parameters(), together.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    # ... while loss and pair accuracy are the fresh pairs': what this step's data showed the model.
+    fresh_only = alone.update(fresh)
+    assert abs(stats.loss - fresh_only.loss) < 1e-5
+    assert stats.pair_accuracy_before == fresh_only.pair_accuracy_before
+    assert stats.version == 1
+
+
+def test_several_optimizer_steps_are_one_version(tiny_rm_dir: str) -> None:
+    pairs = tiny_pairs(4)
+    once = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=8), device="cpu")
+    thrice = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=8), device="cpu")
+    stats = [once.update(pairs) for _ in range(3)]
+    combined = thrice.update(pairs, optimizer_steps=3)
+    assert (combined.version, once.version) == (1, 3)
+    assert abs(combined.loss - stats[0].loss) < 1e-6  # measured before the first step
+    assert abs(combined.pair_accuracy_after - stats[-1].pair_accuracy_after) < 1e-9
+    for a, b in zip(once.model.parameters(), thrice.model.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_rm_dir: str) -> None:
     pairs = tiny_pairs(6)
     whole = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=12), device="cpu").update(pairs)

@@ -14,7 +14,7 @@ Being one call of the model thread, the swap is never seen half-done by a score.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
@@ -58,6 +58,10 @@ class RewardCore:
         self._results: OrderedDict[str, UpdateResult] = OrderedDict(
             (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
         )
+        # The pairs of the latest updates (reward.replay_updates), oldest first: trained on again by the next ones.
+        self._replay: deque[list[PreferencePair]] = deque(
+            ([PreferencePair(**pair) for pair in update] for update in state.get("replay", [])),
+            maxlen=config.replay_updates)
         self.checkpoint_path = checkpoint_path
         self.tokenizer_source = checkpoint_path or rm.source
         self._saved_state = (rm.version, self.updates) if checkpoint_path else None
@@ -113,7 +117,10 @@ class RewardCore:
         """One Bradley-Terry step -> version + 1; a key applied before returns its recorded result, trains nothing."""
         if key is not None and key in self._results:
             return replace(self._results[key], replayed=True)
-        result = self.rm.update(list(pairs))
+        replay = [pair for update in self._replay for pair in update]
+        result = self.rm.update(list(pairs), replay, self.config.update_steps)
+        if not result.skipped:
+            self._replay.append(list(pairs))
         self.updates += 1
         if key is not None:
             self.last_key = key
@@ -128,6 +135,7 @@ class RewardCore:
         state = {
             "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
             "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
+            "replay": [[asdict(pair) for pair in update] for update in self._replay],
         }
         path = checkpoint.save_checkpoint(self.rm, self.config.checkpoint_dir, state, self.config.keep_checkpoints)
         self.checkpoint_path = str(path)

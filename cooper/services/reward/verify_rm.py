@@ -226,38 +226,46 @@ class VerifyRM:
 
     # ----- training -----
 
-    def update(self, pairs: Sequence[PreferencePair]) -> UpdateStats:
-        """One AdamW step on the Bradley-Terry loss over all pairs (micro-batches, accumulated gradients).
+    def update(self, pairs: Sequence[PreferencePair], replay: Sequence[PreferencePair] = (),
+               optimizer_steps: int = 1) -> UpdateStats:
+        """`optimizer_steps` AdamW steps on the Bradley-Terry loss over `pairs` plus `replay` (earlier updates'
+        pairs), each over all of them (micro-batches, accumulated gradients); the version rises by one.
 
-        The step is skipped, and the version kept, when there are no pairs or the gradient norm is not finite.
+        Loss and pair accuracy (before and after) are those of the fresh `pairs`: what this step's data taught.
+        Skipped, with the version kept, when there are no fresh pairs or a gradient norm is not finite (steps
+        already taken stay taken).
         """
         if not pairs:
             return UpdateStats(0.0, 0.0, 0.0, 0.0, self.version, skipped=True)
-        pos = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in pairs])
-        neg = self.encode([ScoreItem(p.question, p.reference, p.negative) for p in pairs])
+        everything = list(pairs) + list(replay)
+        fresh = len(pairs)
+        pos = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in everything])
+        neg = self.encode([ScoreItem(p.question, p.reference, p.negative) for p in everything])
         per_micro = max(1, self.optim_config.micro_batch_size // 2)  # a pair is two sequences
-        self.optimizer.zero_grad(set_to_none=True)
-        pos_logits: list[float] = []
-        neg_logits: list[float] = []
-        total = 0.0
-        for start in range(0, len(pairs), per_micro):
-            k = len(pos[start : start + per_micro])
-            logits = self.forward(pos[start : start + per_micro] + neg[start : start + per_micro])
-            # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
-            loss = bradley_terry_loss(logits[:k], logits[k:]) * (k / len(pairs))
-            loss.backward()
-            total += loss.item()
-            pos_logits += logits[:k].tolist()
-            neg_logits += logits[k:].tolist()
-        before = pair_accuracy(pos_logits, neg_logits)
-        grad_norm = self._clip_and_step()
-        if grad_norm is None or not math.isfinite(total):
-            return UpdateStats(total, float("nan") if grad_norm is None else grad_norm, before, before,
-                               self.version, skipped=True)
+        loss = before = grad_norm = 0.0
+        for step in range(optimizer_steps):
+            self.optimizer.zero_grad(set_to_none=True)
+            margins: list[float] = []
+            for start in range(0, len(everything), per_micro):
+                k = len(pos[start : start + per_micro])
+                logits = self.forward(pos[start : start + per_micro] + neg[start : start + per_micro])
+                # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
+                (bradley_terry_loss(logits[:k], logits[k:]) * (k / len(everything))).backward()
+                margins += (logits[:k] - logits[k:]).tolist()
+            if step == 0:
+                fresh_margins = torch.tensor(margins[:fresh])
+                loss = float(torch.nn.functional.softplus(-fresh_margins).mean())
+                before = pair_accuracy(margins[:fresh], [0.0] * fresh)
+            step_norm = self._clip_and_step()
+            if step_norm is None or not math.isfinite(loss):
+                return UpdateStats(loss, float("nan") if step_norm is None else step_norm, before, before,
+                                   self.version, skipped=True)
+            if step == 0:
+                grad_norm = step_norm
         self.version += 1
-        after_logits = self.logits(pos + neg)
-        after = pair_accuracy(after_logits[: len(pairs)], after_logits[len(pairs) :])
-        return UpdateStats(total, grad_norm, before, after, self.version, skipped=False)
+        after_logits = self.logits(pos[:fresh] + neg[:fresh])
+        after = pair_accuracy(after_logits[:fresh], after_logits[fresh:])
+        return UpdateStats(loss, grad_norm, before, after, self.version, skipped=False)
 
     def _clip_and_step(self) -> float | None:
         """Clip and step; None (and no step) when the total gradient norm is not finite."""
