@@ -103,6 +103,11 @@ class VerifierConfig(StrictModel):
     """Most items sent to a worker at once; a batch is cut into chunks so that all workers share it."""
     max_chars: int = Field(default=20000, ge=100)
     """Longer completions and references are cut to their last max_chars characters, where the answer is."""
+    answer: Literal["anywhere", "boxed"] = "anywhere"
+    """Where the completion's answer is read. anywhere: math-verify's default, the last LaTeX or plain expression
+    anywhere in the text. boxed: only the last complete \\boxed{...}; a completion without one is NO_ANSWER. Use
+    boxed when prompts ask for a boxed answer and a question contains an expression equal to its answer: there,
+    anywhere accepts a completion that just repeats the question's expression."""
 
 
 class HttpConfig(StrictModel):

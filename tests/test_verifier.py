@@ -176,3 +176,32 @@ def test_sigterm_drains_in_flight_calls_then_exits():
         assert service.process.wait(timeout=15) == 0
         with pytest.raises(ServiceUnavailable):
             c.verify(_items([("\\boxed{1}", "1")]))
+
+
+def test_boxed_only_answers_refuse_a_repeated_question_expression():
+    from cooper.services.verifier.rules import Verdict as V
+    from cooper.services.verifier.rules import check, last_boxed
+
+    echo = "We compute 7 * 8 = }."  # what rule-mode GRPO learned to write on the tiny task
+    assert check(echo, "56", 3).verdict == V.CORRECT  # math-verify's default reads the expression "7 * 8"
+    assert check(echo, "56", 3, answer="boxed").verdict == V.NO_ANSWER
+    worked = "We compute 7 * 8 = 56. The answer is \\boxed{56}."
+    assert check(worked, "56", 3, answer="boxed").verdict == V.CORRECT
+    assert check("The answer is \\boxed{55}.", "56", 3, answer="boxed").verdict == V.INCORRECT
+    assert check("\\boxed{}", "56", 3, answer="boxed").verdict == V.NO_ANSWER
+    # The last complete box counts: nested braces are matched, an unclosed box at the end is not an answer.
+    assert last_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{\\frac{1}{2}} and \\boxed{12") == "\\frac{1}{2}"
+    assert last_boxed("no box here") is None
+
+
+def test_the_service_reads_only_boxes_when_configured(tmp_path):
+    service = start_service("verifier", overrides=["verifier.workers=1", "verifier.answer=boxed",
+                                                   "verifier.server.metrics_port=null"])
+    try:
+        with VerifierClient(service.address) as client:
+            client.wait_ready(60)
+            verdicts = client.verify(_items([("We compute 3 + 5 = }.", "8"), ("\\boxed{8}", "8")]))
+        assert [v.verdict for v in verdicts] == [Verdict.NO_ANSWER, Verdict.CORRECT]
+    finally:
+        service.stop()

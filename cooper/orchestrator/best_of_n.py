@@ -97,7 +97,7 @@ def sample_and_judge(config: CooperConfig, policy_models: Sequence[str], samples
         for row, completions in zip(rows, groups, strict=True):
             texts = [c.text for c in completions]
             scores = [s for s, _ in rm.score([ScoreItem(row.question, row.answer, t) for t in texts])]
-            correct = [check(t, row.answer, config.verifier.timeout_s).verdict == Verdict.CORRECT for t in texts]
+            correct = [check(t, row.answer, config.verifier.timeout_s, answer=config.verifier.answer).verdict == Verdict.CORRECT for t in texts]
             judged.append((row, list(zip(scores, correct, texts, strict=True))))
         out[model] = judged
     return benchmark, out

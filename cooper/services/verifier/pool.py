@@ -44,7 +44,7 @@ WARM_UP = [("\\boxed{1}", "1"), ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\s
            ("The answer is (-\\infty, 3)", "\\{1,2\\}"), ("#### 72", "3\\pi/2")]
 
 
-def _worker_main(conn: Connection, timeout_s: float, max_chars: int) -> None:
+def _worker_main(conn: Connection, timeout_s: float, max_chars: int, answer: str) -> None:
     """Worker loop: receive a chunk [(position, completion, reference)], send one (position, Check) per item."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and shutdown
     cache = ReferenceCache()
@@ -59,7 +59,7 @@ def _worker_main(conn: Connection, timeout_s: float, max_chars: int) -> None:
         if chunk is None:
             return
         for position, completion, reference in chunk:
-            conn.send((position, check(completion, reference, timeout_s, max_chars, cache)))
+            conn.send((position, check(completion, reference, timeout_s, max_chars, cache, answer)))
 
 
 @dataclass
@@ -88,9 +88,9 @@ class _Chunk:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, timeout_s: float, max_chars: int):
+    def __init__(self, ctx: Any, timeout_s: float, max_chars: int, answer: str):
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, timeout_s, max_chars), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, timeout_s, max_chars, answer), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -125,18 +125,20 @@ class _Worker:
 class VerifierPool:
     """`submit(items)` -> Future of one Check per (completion, reference) item, in order. Thread-safe."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 3.0, chunk_size: int = 16, max_chars: int = 20000):
+    def __init__(self, workers: int | None = None, timeout_s: float = 3.0, chunk_size: int = 16, max_chars: int = 20000,
+                 answer: str = "anywhere"):
         self.workers = workers or os.cpu_count() or 1
         self.timeout_s = timeout_s
         self.chunk_size = chunk_size
         self.max_chars = max_chars
+        self.answer = answer
         # forkserver: workers start as forks of a clean process that already imported math-verify, so a killed
         # worker is replaced in milliseconds, and never as a fork of the threaded gRPC server.
         self._ctx = mp.get_context("forkserver")
         self._ctx.set_forkserver_preload(["cooper.services.verifier.rules"])
         self._queue: queue.Queue[_Chunk | None] = queue.Queue()
         self._closed = False
-        self._slots = [_Worker(self._ctx, timeout_s, max_chars) for _ in range(self.workers)]
+        self._slots = [_Worker(self._ctx, timeout_s, max_chars, answer) for _ in range(self.workers)]
         if not all(worker.wait_ready() for worker in self._slots):  # serve only once every worker is warm
             for worker in self._slots:
                 worker.kill()
@@ -184,7 +186,7 @@ class VerifierPool:
     def _replace(self, slot: int, why: str) -> None:
         WORKER_RESTARTS.labels(why).inc()
         self._slots[slot].kill()
-        self._slots[slot] = _Worker(self._ctx, self.timeout_s, self.max_chars)
+        self._slots[slot] = _Worker(self._ctx, self.timeout_s, self.max_chars, self.answer)
 
     def _drive(self, slot: int) -> None:
         while True:

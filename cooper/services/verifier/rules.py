@@ -77,7 +77,27 @@ def parse_reference(reference: str) -> list[Any]:
     return parse(text, parsing_timeout=None)  # type: ignore[arg-type]
 
 
-def parse_completion(completion: str) -> list[Any]:
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete \\boxed{...} (nested braces matched), or None when there is none."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth, i = 0, start + len("\\boxed")
+        for i in range(start + len("\\boxed"), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{") : i]
+        start = text.rfind("\\boxed{", 0, start)  # unclosed: an earlier box may be complete
+    return None
+
+
+def parse_completion(completion: str, answer: str = "anywhere") -> list[Any]:
+    """math-verify's parse of the completion. answer="boxed" reads only the last \\boxed{}: with math-verify's
+    default extraction, the last expression anywhere counts, so `We compute 3 + 5 = }.` is a correct answer to
+    "3 + 5" (the expression evaluates to the reference), which a policy learns to write when its prompts contain
+    their own answer's expression (docs/experiments.md)."""
+    if answer == "boxed":
+        content = last_boxed(completion)
+        return [] if content is None or not content.strip() else parse(f"${content}$", parsing_timeout=None)  # type: ignore[arg-type]
     return parse(completion, parsing_timeout=None)  # type: ignore[arg-type]
 
 
@@ -113,6 +133,7 @@ def check(
     timeout_s: float,
     max_chars: int = 20000,
     cache: ReferenceCache | None = None,
+    answer: str = "anywhere",
 ) -> Check:
     """Verdict of `completion` against `reference` within `timeout_s` seconds (main thread only)."""
     start = time.perf_counter()
@@ -124,7 +145,7 @@ def check(
         gold = cache.get(reference) if cache is not None else parse_reference(reference)
         if not gold:
             return _done(start, Verdict.ERROR, detail="the reference holds no parseable answer")
-        pred = parse_completion(_tail(completion, max_chars))
+        pred = parse_completion(_tail(completion, max_chars), answer)
         if not pred:
             return _done(start, Verdict.NO_ANSWER)
         extracted = extracted_text(pred)

@@ -33,7 +33,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
 async def create_service(config: CooperConfig) -> GrpcService:
     cfg = config.verifier
-    pool = await asyncio.to_thread(VerifierPool, cfg.workers, cfg.timeout_s, cfg.chunk_size, cfg.max_chars)
+    pool = await asyncio.to_thread(VerifierPool, cfg.workers, cfg.timeout_s, cfg.chunk_size, cfg.max_chars,
+                                    cfg.answer)
 
     def add_servicers(server: grpc.aio.Server) -> list[str]:
         verifier_pb2_grpc.add_VerifierServicer_to_server(VerifierServicer(pool), server)
