@@ -78,9 +78,9 @@ class Train:
             assert time.monotonic() < deadline, [" ".join(cmdline(p)) for p in running]
             time.sleep(0.1)
 
-    def assert_nothing_left(self) -> None:
-        """No process this run started is running, and its TMPDIR is empty (the embedded Redis's directory, the
-        services' ready files). torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
+    def assert_nothing_left(self, allowed: tuple[str, ...] = ()) -> None:
+        """No process this run started is running, and its TMPDIR is empty but for names starting with `allowed`.
+        torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
         assert self.seen, "no child process was ever seen: the check would prove nothing"
         running = [p for p in self.seen.values() if alive(p)]
         needle = str(self.tmp)
@@ -88,7 +88,7 @@ class Train:
             if any(needle in part for part in proc.info["cmdline"] or []):
                 running.append(proc)
         assert not running, [" ".join(cmdline(p)) for p in running]
-        left = [p.name for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_")]
+        left = [p.name for p in self.tmp.iterdir() if not p.name.startswith(("torchinductor_", *allowed))]
         assert not left, left
 
 
