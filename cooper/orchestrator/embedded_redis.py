@@ -111,7 +111,7 @@ def _lock(path: Path, timeout_s: float) -> int:
                 os.close(fd)
                 raise RuntimeError(f"the run's Redis directory {path.parent} is in use by another process (a "
                                    f"`cooper train` of this run still going, or its redis-server still exiting) "
-                                   f"after {timeout_s:.0f} s; stop it first") from None
+                                   f"after {timeout_s:g} s; stop it first") from None
             time.sleep(0.1)
 
 

@@ -7,6 +7,7 @@ embedded Redis) still running, and nothing left in the run's TMPDIR.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -188,3 +189,16 @@ def test_the_watchdog_restarts_a_service_on_its_port_then_gives_up(tmp_path):
         assert service.process.pid == first_pid  # not started a second time
         assert lost == [f"the verifier service died (exit code -9) after 1 restarts (run.service_restarts); "
                         f"its log: {tmp_path / 'logs' / 'verifier.log'}"]
+
+
+def test_a_resume_drops_metrics_lines_of_steps_not_recorded_as_logged(tmp_path):
+    """A run killed between writing a step's metrics line and recording the step as logged (or in the middle of
+    the line) must not log that step twice when resumed."""
+    from cooper.orchestrator.outputs import trim_metrics
+
+    lines = [json.dumps({"step": s, "reward_mean": 0.5}) for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "rew')
+    assert trim_metrics(tmp_path, logged_through=1) == [2, -1]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    assert trim_metrics(tmp_path, logged_through=1) == []  # nothing more to drop; the file is left as it is
+    assert (tmp_path / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"
