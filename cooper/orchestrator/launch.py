@@ -106,8 +106,8 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
 def redis_lost(client: redis.Redis, err: redis.ConnectionError) -> str:
     """Why the run lost Redis: its embedded server died, or the connection to redis.url failed."""
     if isinstance(client, EmbeddedRedis) and client.server.poll() is not None:
-        return (f"the embedded Redis died (exit code {client.server.returncode}; its log: {client.log_path}); "
-                f"the run stopped")
+        return (f"the embedded Redis died (exit code {client.server.returncode}; its log: {client.log_path}; its "
+                f"append-only file holds the run's state)")
     return f"the run lost its connection to Redis ({err})"
 
 
@@ -124,8 +124,8 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
             Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
                 resume=resume is not None, progress=progress)
     except redis.ConnectionError as err:
-        raise RunFailed(f"{redis_lost(client, err)}; the run's state is kept in its append-only file. Continue it "
-                        f"with: cooper train --resume {run_id}") from None
+        raise RunFailed(f"{redis_lost(client, err)}; the run stopped, its state kept. Continue it with: "
+                        f"cooper train --resume {run_id}") from None
     finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first (the `with` above)
         close_redis(client)
     records = read_metrics(run_dir)

@@ -71,13 +71,15 @@ class ChaosRun:
 
 
 def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGETS) -> list[Kill]:
-    """`kills` kills, each target at least once when there are enough, at seeded steps and delays."""
+    """`kills` kills, each target at least once when there are enough, spread over the run (the k-th near step
+    k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s."""
     if kills < 1 or steps - 2 < kills:
         raise ValueError(f"{kills} kills need at least {kills + 2} steps (one kill per step, none in the first or "
                          f"last); got {steps} steps")
     rng = random.Random(seed)
     picked = rng.sample(targets, min(kills, len(targets))) + [rng.choice(targets) for _ in range(kills - len(targets))]
-    after = sorted(rng.sample(range(1, steps - 1), kills))
+    # Spread, not sampled: clustered kills land one after the other's recovery, late in the run.
+    after = [min(steps - 2, max(1, round((k + 1) * steps / (kills + 1)) + rng.randint(-1, 1))) for k in range(kills)]
     return [Kill(t, s, round(rng.uniform(0.0, 2.0), 2)) for t, s in zip(picked, after, strict=True)]
 
 

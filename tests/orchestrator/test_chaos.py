@@ -25,5 +25,6 @@ def test_the_schedule_kills_every_target_at_seeded_moments():
     assert kills == schedule(3, 40, 6) and kills != schedule(4, 40, 6)
     steps = [k.after_step for k in kills]
     assert steps == sorted(steps) and len(set(steps)) == 6 and 1 <= steps[0] and steps[-1] <= 38
+    assert all(b - a >= 3 for a, b in zip(steps, steps[1:], strict=False))  # spread over the run
     with pytest.raises(ValueError, match="6 kills need at least 8 steps"):
         schedule(0, 7, 6)
