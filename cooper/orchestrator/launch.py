@@ -12,13 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
+from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
 from cooper.orchestrator.outputs import plot, read_metrics, summary_table
 from cooper.orchestrator.queue import RunStore
-from cooper.orchestrator.run import Orchestrator
+from cooper.orchestrator.run import Orchestrator, RunFailed
 
 log = logging.getLogger("cooper.orchestrator")
 
@@ -101,6 +103,14 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
             resolve_model(name, kind)
 
 
+def redis_lost(client: redis.Redis, err: redis.ConnectionError) -> str:
+    """Why the run lost Redis: its embedded server died, or the connection to redis.url failed."""
+    if isinstance(client, EmbeddedRedis) and client.server.poll() is not None:
+        return (f"the embedded Redis died (exit code {client.server.returncode}; its log: {client.log_path}; its "
+                f"append-only file holds the run's state)")
+    return f"the run lost its connection to Redis ({err})"
+
+
 def train(config: CooperConfig, resume: str | None = None, progress: bool = True, workers: int = 3) -> Path:
     """Run (or resume) one training run; returns its directory."""
     config, run_id, run_dir, resolved = prepare_run(config, resume)
@@ -113,6 +123,9 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
         with LocalServices(config, resolved, run_dir, on_lost=store.fail_run) as services:
             Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
                 resume=resume is not None, progress=progress)
+    except redis.ConnectionError as err:
+        raise RunFailed(f"{redis_lost(client, err)}; the run stopped, its state kept. Continue it with: "
+                        f"cooper train --resume {run_id}") from None
     finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first (the `with` above)
         close_redis(client)
     records = read_metrics(run_dir)

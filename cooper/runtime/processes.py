@@ -46,7 +46,7 @@ class ServiceProcess:
 
     def stop(self, grace_s: float = 15.0) -> int:
         """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code.
-        Also removes the temporary directory of the ready file."""
+        Also removes the ready file (and its temporary directory)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -54,6 +54,8 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.ready_path is not None:
+            self.ready_path.unlink(missing_ok=True)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -92,11 +94,15 @@ def start_service(
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> ServiceProcess:
-    """Run `cooper serve NAME --port PORT` and (unless wait=False) wait until it has written its ready file."""
-    tmp = tempfile.TemporaryDirectory(prefix=f"cooper-{name}-")
-    ready = Path(tmp.name) / "ready.json"
-    log_path = Path(log_dir or tmp.name) / f"{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    """Run `cooper serve NAME --port PORT` and (unless wait=False) wait until it has written its ready file.
+
+    With `log_dir`, the ready file lives there beside the log, not in a temp directory: a killed parent (SIGKILL)
+    removes nothing, and a run's own directory is where what it leaves belongs."""
+    tmp = None if log_dir else tempfile.TemporaryDirectory(prefix=f"cooper-{name}-")
+    folder = Path(log_dir) if log_dir else Path(tmp.name)  # type: ignore[union-attr]
+    folder.mkdir(parents=True, exist_ok=True)
+    ready, log_path = folder / f"{name}.ready.json", folder / f"{name}.log"
+    ready.unlink(missing_ok=True)  # a killed run's: its ports are stale
     cmd = [sys.executable, "-m", "cooper.cli", "serve", name, "--port", str(port), "--ready-file", str(ready)]
     if config_path:
         cmd += ["--config", str(config_path)]

@@ -7,122 +7,18 @@ embedded Redis) still running, and nothing left in the run's TMPDIR.
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from train_process import FAST, Train, alive, assert_consistent, cmdline
 
 from cooper.orchestrator.outputs import read_metrics
 from cooper.orchestrator.stages import InconsistentRun, expect_before_update, expect_version
-
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["eval.every=0", "run.batch_size=8"]
-
-
-class Train:
-    """One `cooper train` process, its TMPDIR, and every process it started that we saw."""
-
-    def __init__(self, tmp_path: Path, *args: str):
-        self.tmp = tmp_path / "tmp"
-        self.tmp.mkdir(exist_ok=True)
-        self.err_path = tmp_path / f"stderr-{time.monotonic_ns()}.log"
-        env = {**os.environ, "TMPDIR": str(self.tmp)}
-        with open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "cooper.cli", "train", "--no-progress", *args],
-                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        self.seen: dict[int, psutil.Process] = {}
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def look(self) -> list[psutil.Process]:
-        """Remember every descendant now running (services, the reward model process, verifier workers)."""
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        self.seen.update({c.pid: c for c in children})
-        return children
-
-    def service(self, name: str) -> psutil.Process:
-        for child in self.look():
-            try:
-                cmdline = child.cmdline()
-            except psutil.NoSuchProcess:
-                continue
-            if "serve" in cmdline and name in cmdline:
-                return child
-        raise AssertionError(f"no {name} service running under pid {self.proc.pid}")
-
-    def wait_for_steps(self, run_dir: Path, steps: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(read_metrics(run_dir)) < steps:
-            self.look()
-            assert self.proc.poll() is None, self.stderr[-3000:]
-            assert time.monotonic() < deadline, f"{steps} steps not logged in {timeout_s} s:\n{self.stderr[-3000:]}"
-            time.sleep(0.1)
-
-    def wait(self, timeout_s: float = 180) -> int:
-        deadline = time.monotonic() + timeout_s
-        while self.proc.poll() is None:
-            self.look()
-            assert time.monotonic() < deadline, f"cooper train still running after {timeout_s} s"
-            time.sleep(0.2)
-        return self.proc.returncode
-
-    def wait_for_children_to_exit(self, timeout_s: float = 60) -> None:
-        deadline = time.monotonic() + timeout_s
-        while running := [p for p in self.seen.values() if _alive(p) and p.name() != "redis-server"]:
-            assert time.monotonic() < deadline, [" ".join(_cmdline(p)) for p in running]
-            time.sleep(0.1)
-
-    def assert_nothing_left(self) -> None:
-        """No process this run started is running, and its TMPDIR is empty (the embedded Redis's directory, the
-        services' ready files). torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
-        assert self.seen, "no child process was ever seen: the check would prove nothing"
-        running = [p for p in self.seen.values() if _alive(p)]
-        needle = str(self.tmp)
-        for proc in psutil.process_iter(["cmdline"]):
-            if any(needle in part for part in proc.info["cmdline"] or []):
-                running.append(proc)
-        assert not running, [" ".join(_cmdline(p)) for p in running]
-        left = [p.name for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_")]
-        assert not left, left
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _cmdline(proc: psutil.Process) -> list[str]:
-    try:
-        return proc.cmdline()
-    except psutil.Error:
-        return [str(proc.pid)]
-
-
-def _assert_consistent(run_dir: Path, steps: int) -> list[dict]:
-    """Every step logged once; each Train and Update applied once: versions rise by one per step."""
-    records = read_metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(steps))
-    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
-    assert [r["policy_version_sampled"] for r in records] == list(range(steps))
-    assert all(r["pairs"] > 0 for r in records)  # every reward update applied, so v_{t+1} = v_t + 1
-    assert [r["reward_version_used"] for r in records] == list(range(steps))
-    assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
-    assert [r["data_offset"] for r in records] == [8 * t for t in range(steps)]
-    return records
 
 
 @pytest.mark.slow
@@ -138,11 +34,11 @@ def test_a_killed_reward_service_is_restarted_and_the_run_completes(tmp_path):
     train.wait_for_steps(run_dir, logged_at_kill + 1)
     next_step_s = time.monotonic() - killed_at
     assert train.wait() == 0, train.stderr[-3000:]
-    _assert_consistent(run_dir, steps)
+    assert_consistent(run_dir, steps)
     back = re.search(r"service reward is back on (\S+) after ([\d.]+) s", train.stderr)
     assert back, train.stderr[-3000:]
     assert back.group(1) == f"127.0.0.1:{reward_port(train, back)}"
-    assert not any(_alive(p) for p in model_process)
+    assert not any(alive(p) for p in model_process)
     assert (run_dir / "logs" / "reward.log").read_text().count("serving gRPC") == 2
     print(f"\nreward SIGKILLed with {logged_at_kill} steps logged: back in {back.group(2)} s, "
           f"next step logged {next_step_s:.1f} s after the kill")
@@ -179,7 +75,7 @@ def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
 
     resumed = Train(tmp_path, "--resume", str(run_dir))
     assert resumed.wait() == 0, resumed.stderr[-3000:]  # the stored error is cleared, failed jobs run again
-    _assert_consistent(run_dir, steps)
+    assert_consistent(run_dir, steps)
     resumed.assert_nothing_left()
 
 
@@ -199,7 +95,27 @@ def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
 
     resumed = Train(tmp_path, "--resume", str(run_dir))
     assert resumed.wait() == 0, resumed.stderr[-3000:]
-    _assert_consistent(run_dir, steps)
+    assert_consistent(run_dir, steps)
+    resumed.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_cli_leaves_nothing_behind_and_the_run_resumes(tmp_path):
+    steps, run_dir = 4, tmp_path / "killed"
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=killed", f"run.output_dir={tmp_path}", *FAST)
+    train.wait_for_steps(run_dir, 1)
+    redis_server = [p for p in train.look() if p.name() == "redis-server"]
+    assert len(redis_server) == 1, [cmdline(p) for p in train.look()]  # the embedded Redis is a child of the CLI
+    train.proc.send_signal(signal.SIGKILL)
+    train.proc.wait()
+    # The kernel sends SIGTERM to the services and the embedded Redis (processes.die_with_parent); Redis writes out
+    # its append-only file and exits.
+    train.wait_for_children_to_exit()
+    train.assert_nothing_left()  # a SIGKILL exit: no process (Redis included), no temp directory
+
+    resumed = Train(tmp_path, "--resume", str(run_dir))
+    assert resumed.wait() == 0, resumed.stderr[-3000:]  # the state was in the append-only file
+    assert_consistent(run_dir, steps)
     resumed.assert_nothing_left()
 
 
@@ -273,3 +189,16 @@ def test_the_watchdog_restarts_a_service_on_its_port_then_gives_up(tmp_path):
         assert service.process.pid == first_pid  # not started a second time
         assert lost == [f"the verifier service died (exit code -9) after 1 restarts (run.service_restarts); "
                         f"its log: {tmp_path / 'logs' / 'verifier.log'}"]
+
+
+def test_a_resume_drops_metrics_lines_of_steps_not_recorded_as_logged(tmp_path):
+    """A run killed between writing a step's metrics line and recording the step as logged (or in the middle of
+    the line) must not log that step twice when resumed."""
+    from cooper.orchestrator.outputs import trim_metrics
+
+    lines = [json.dumps({"step": s, "reward_mean": 0.5}) for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 3, "rew')
+    assert trim_metrics(tmp_path, logged_through=1) == [2, -1]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1]
+    assert trim_metrics(tmp_path, logged_through=1) == []  # nothing more to drop; the file is left as it is
+    assert (tmp_path / "metrics.jsonl").read_text() == "\n".join(lines[:2]) + "\n"

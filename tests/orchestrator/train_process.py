@@ -1,0 +1,121 @@
+"""A real `cooper train` process under test, and checks of what it leaves: the run's records and its processes.
+
+Shared by the healing tests (test_heal.py), the chaos test (test_chaos.py) and bench/chaos.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from cooper.orchestrator.outputs import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["eval.every=0", "run.batch_size=8"]
+
+
+class Train:
+    """One `cooper train` process, its TMPDIR, and every process it started that we saw."""
+
+    def __init__(self, tmp_path: Path, *args: str):
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        self.err_path = tmp_path / f"stderr-{time.monotonic_ns()}.log"
+        env = {**os.environ, "TMPDIR": str(self.tmp)}
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "cooper.cli", "train", "--no-progress", *args],
+                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        self.seen: dict[int, psutil.Process] = {}
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def look(self) -> list[psutil.Process]:
+        """Remember every descendant now running (services, the reward model process, verifier workers)."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.seen.update({c.pid: c for c in children})
+        return children
+
+    def service(self, name: str) -> psutil.Process:
+        for child in self.look():
+            try:
+                cmdline = child.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+            if "serve" in cmdline and name in cmdline:
+                return child
+        raise AssertionError(f"no {name} service running under pid {self.proc.pid}")
+
+    def wait_for_steps(self, run_dir: Path, steps: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(read_metrics(run_dir)) < steps:
+            self.look()
+            assert self.proc.poll() is None, self.stderr[-3000:]
+            assert time.monotonic() < deadline, f"{steps} steps not logged in {timeout_s} s:\n{self.stderr[-3000:]}"
+            time.sleep(0.1)
+
+    def wait(self, timeout_s: float = 180) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None:
+            self.look()
+            assert time.monotonic() < deadline, f"cooper train still running after {timeout_s} s"
+            time.sleep(0.2)
+        return self.proc.returncode
+
+    def wait_for_children_to_exit(self, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while running := [p for p in self.seen.values() if alive(p)]:
+            assert time.monotonic() < deadline, [" ".join(cmdline(p)) for p in running]
+            time.sleep(0.1)
+
+    def assert_nothing_left(self, allowed: tuple[str, ...] = ()) -> None:
+        """No process this run started is running, and its TMPDIR is empty but for names starting with `allowed`.
+        torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
+        assert self.seen, "no child process was ever seen: the check would prove nothing"
+        running = [p for p in self.seen.values() if alive(p)]
+        needle = str(self.tmp)
+        for proc in psutil.process_iter(["cmdline"]):
+            if any(needle in part for part in proc.info["cmdline"] or []):
+                running.append(proc)
+        assert not running, [" ".join(cmdline(p)) for p in running]
+        left = [p.name for p in self.tmp.iterdir() if not p.name.startswith(("torchinductor_", *allowed))]
+        assert not left, left
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return [str(proc.pid)]
+
+
+def assert_consistent(run_dir: Path, steps: int, batch_size: int = 8) -> list[dict]:
+    """Every step logged exactly once, in order; each Train and Update applied once: versions rise by one per step;
+    the prompts in data order."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in lines] == list(range(steps)), "a step logged twice, or missing"
+    records = read_metrics(run_dir)
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
+    assert [r["policy_version_sampled"] for r in records] == list(range(steps))
+    assert all(r["pairs"] > 0 for r in records)  # every reward update applied, so v_{t+1} = v_t + 1
+    assert [r["reward_version_used"] for r in records] == list(range(steps))
+    assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
+    assert [r["data_offset"] for r in records] == [batch_size * t for t in range(steps)]
+    return records
