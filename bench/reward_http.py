@@ -37,6 +37,8 @@ would take the CPU that the servers need and flatten the differences it is meant
 Printed: a table, then last one JSON line: per server items/s and p50/p99 request latency (ms), medians over rounds;
 "ratio_vs_<server>" = service items/s / that server's; "ratio_vs_best_peer" against the fastest peer that ran;
 "ceiling_fraction" = service items/s / ceiling; the service's mean batch; the 1-minute load average at the end.
+With --baseline PATH, the service of another checkout (main before a change) runs in the same rounds as "baseline":
+the only before/after measure that survives a machine whose load changes from minute to minute.
 
     python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] \
         [--peer-python mosec=/path/bin/python] [--servers service,mosec,litserve,naive]
@@ -256,7 +258,7 @@ def service_launcher(loop: str) -> list[str]:
 def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str) -> list[str]:
     if name == "naive":
         return [sys.executable, __file__, "--naive-server", str(port)]
-    if name == "service":
+    if name in ("service", "baseline"):
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
                 f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32"]
@@ -312,12 +314,13 @@ def stop(process: subprocess.Popen) -> None:
 def run_server(name: str, args: argparse.Namespace, pythons: dict[str, str], env: dict[str, str], tmp: str,
                items: list[dict[str, str]], check_items: int) -> dict:
     port = free_port()
-    process = subprocess.Popen(server_command(name, port, args, pythons, tmp), cwd=ROOT, env=env,
-                               start_new_session=True)
+    root = Path(args.baseline) if name == "baseline" else ROOT  # its own code first on the path
+    process = subprocess.Popen(server_command(name, port, args, pythons, tmp), cwd=root,
+                               env=dict(env, PYTHONPATH=str(root)), start_new_session=True)
     try:
         asyncio.run(wait_ready(port, route(name), items[0], process, name))
         return asyncio.run(drive(port, route(name), items, args.clients, args.warmup, args.seconds, check_items,
-                                 with_metrics=name == "service"))
+                                 with_metrics=name in ("service", "baseline")))
     finally:
         stop(process)
 
@@ -365,6 +368,8 @@ def main() -> None:
                              "server")
     parser.add_argument("--device", default="cpu",
                         help="where every server runs the model (cpu, cuda, cuda:N); float32 everywhere")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="also run the service of another checkout (e.g. a worktree of main) as 'baseline'")
     parser.add_argument("--naive-server", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server:
@@ -379,6 +384,8 @@ def main() -> None:
     unknown = [n for n in args.servers.split(",") if n not in SERVERS]
     if unknown:
         raise SystemExit(f"--servers: unknown {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
+    if args.baseline:
+        names.insert(1, "baseline")
     pythons, missing = peer_pythons(args.peer_python)
     for peer, reason in missing.items():
         if peer in names:
@@ -443,6 +450,8 @@ def main() -> None:
         "service_mean_batch": round(statistics.median(run["mean_batch"] for run in runs["service"]), 1),
         "scores_match": scores_match, "score_tolerance": SCORE_TOLERANCE,
     }
+    if "baseline" in runs:
+        result["baseline_mean_batch"] = round(statistics.median(run["mean_batch"] for run in runs["baseline"]), 1)
     print_table(servers, best_ceiling, service_rate)
     print(json.dumps(result))
 
