@@ -1,47 +1,72 @@
-"""Reward serving over HTTP: Cooper's reward service against a naive one-forward-per-request server.
+"""Reward serving over HTTP: Cooper's reward service against batching servers a user would pick, a naive server, and
+the model's bare batched rate.
 
-32 concurrent clients each send one item per request until 2,000 items are scored, against (a) a naive FastAPI
-server written below, the way most reward servers are written (parse the JSON, tokenize, one forward pass per
-request, answer), and (b) `cooper serve reward` (dynamic batching over all concurrent requests). Both load the same
-tiny VerifyRM and build the same VerifyRM input text. Both run as processes of their own, started once; timed
-rounds alternate between them (only one is under load at a time) so that both see the same background load, and
-medians over rounds are reported. Both get the same torch thread count (--threads, default 1: on a small CPU, one
-intra-op thread is fastest for a batch-1 forward, so this favours the naive server if anything) and the same event
-loop (uvicorn picks uvloop for the naive server when installed; --loop auto does the same for the service).
+32 concurrent clients, one item per request, against each server in turn:
+- service: `cooper serve reward` (dynamic batching over all concurrent requests, the model in a process of its own);
+- mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, a tokenizing worker process, a
+  batched inference worker process);
+- litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in a worker process);
+- naive: a FastAPI server written below, the way most reward servers are written (parse, tokenize, one forward pass
+  per request, answer).
+All load the same tiny VerifyRM directory; the service and the peers tokenize with the project's own Encoder and run
+its own VerifyRM.logits (bench/peers/model.py), so that only the serving differs. Peers batch at most 64 requests and
+wait at most 5 ms, as the service's reward.batching does.
 
-The client is a minimal asyncio HTTP/1.1 client on keep-alive connections: on a small machine a heavy client
-library would take the CPU that the servers need and flatten the difference it is meant to measure. Both servers
-get the same client.
+Fairness on a small, shared machine: every server gets the same torch thread count (--threads, default 1), the same
+client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
+driven for --seconds and stopped (an idle server polls and would slow the next one: LitServe's processes take about
+a tenth of a core each when idle). Rounds rotate the order, and medians over rounds are reported. Between servers, with
+none running, the bench measures the bare model itself: its items/s on batches of 16 and of 32 (tokenized
+beforehand, same thread count), the rate a server would reach if HTTP, tokenizing and the client cost nothing and
+the model never waited. "ceiling" is the better of the two (32 clients cannot fill a larger batch). It is measured
+in a quiet process, so it is an upper bound: busy work on one vCPU of a 2-vCPU machine (the serving, the client)
+slows forward passes on the other by 1.3-1.8x.
 
-Printed last, one JSON line: throughput (items/s) and p50/p99 request latency (ms) of both, "ratio" = service /
-naive throughput (and per round), the service's mean batch, the 1-minute load average at the end (the numbers
-mean little on a machine that other jobs keep busy), and the largest score and logit difference between the two
-servers on the same items. Also what batching can give at most on this machine: the model's own time per item
-in this process, one at a time and in batches of 16 (tokenized beforehand, same thread count), and
-"ceiling_ratio" = the batched model's items/s over the naive server's measured items/s, the ratio a service would
-reach if HTTP, tokenizing and the client cost nothing and the model never waited. It is measured in a quiet
-process, so it is an upper bound: on the 2-vCPU cloud machine this was written on, busy work on one vCPU (the
-service's HTTP side, the client; measured with a tokenizer loop and with a second model) slowed the model's
-forward passes on the other by 1.3-1.8x.
+Scores: in the first round each server also scores the first --check-items items (through its batching, as under
+load); the largest score and logit differences from the service's are reported, and "scores_match" says whether all
+are within 1e-4 (float rounding of different batch compositions; the model itself is tested to 1e-5).
 
-    python bench/reward_http.py [--items 2000] [--clients 32] [--rounds 3] [--threads 1] [--loop auto] [--device cpu]
+Peers run in environments of their own (their dependencies are not the project's): `bash bench/peers/setup.sh`
+creates them under $COOPER_BENCH_PEERS (default ~/.cache/cooper/bench-peers/<peer>); --peer-python NAME=PYTHON
+points at another interpreter. A peer whose environment is missing or broken is reported with a reason and a null
+ratio, never left out silently.
+
+The client is a minimal asyncio HTTP/1.1 client on keep-alive connections: on a small machine a heavy client library
+would take the CPU that the servers need and flatten the differences it is meant to measure.
+
+Printed: a table, then last one JSON line: per server items/s and p50/p99 request latency (ms), medians over rounds;
+"ratio_vs_<server>" = service items/s / that server's; "ratio_vs_best_peer" against the fastest peer that ran;
+"ceiling_fraction" = service items/s / ceiling; the service's mean batch; the 1-minute load average at the end.
+With --baseline PATH, the service of another checkout (main before a change) runs in the same rounds as "baseline":
+the only before/after measure that survives a machine whose load changes from minute to minute.
+
+    python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] \
+        [--peer-python mosec=/path/bin/python] [--servers service,mosec,litserve,naive]
 """
 
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import os
 import random
+import signal
+import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+SERVERS = ("service", "mosec", "litserve", "naive")
+PEERS = ("mosec", "litserve")
+PEER_MODULES = {"mosec": "mosec", "litserve": "litserve"}
+PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
+SCORE_TOLERANCE = 1e-4
 
 
 def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -57,22 +82,19 @@ def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
     return items
 
 
-# ----- (a) the naive server -----
+# ----- the naive server -----
 
 
-def naive_server(port_file: str) -> None:
+def naive_server(port: int) -> None:
     """FastAPI + uvicorn, one forward pass per request: the usual remote reward server."""
-    import socket
-
     import torch
     import uvicorn
     from fastapi import FastAPI, Request
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from cooper.services.reward.verify_rm import format_input
-    from cooper.tiny.models import resolve_model
 
-    path = resolve_model(os.environ.get("COOPER_BENCH_MODEL", "tiny"), "reward")
+    path = os.environ["COOPER_BENCH_MODEL_DIR"]
     device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
@@ -89,18 +111,14 @@ def naive_server(port_file: str) -> None:
             logits = model(**batch).logits[:, 0].float()
         return {"scores": [{"score": torch.sigmoid(x).item(), "logit": x.item()} for x in logits]}
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(256)  # connections wait in the backlog until uvicorn accepts them
-    Path(port_file).write_text(str(sock.getsockname()[1]))
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=256)
 
 
 # ----- the client -----
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection; enough of the protocol for JSON POSTs to these two servers."""
+    """One keep-alive HTTP/1.1 connection; enough of the protocol for JSON POSTs to these servers."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
         self.reader, self.writer, self.host = reader, writer, host
@@ -132,83 +150,101 @@ class Connection:
         self.writer.close()
 
 
-def mean_of(metrics: str, name: str) -> float | None:
-    """Mean of a Prometheus histogram from its _sum and _count lines."""
-    values = {}
+def histogram(metrics: str, name: str) -> tuple[float, float]:
+    """(_sum, _count) of a Prometheus histogram."""
+    values = {"_sum": 0.0, "_count": 0.0}
     for line in metrics.splitlines():
-        for suffix in ("_sum", "_count"):
+        for suffix in values:
             if line.startswith(name + suffix + " "):
                 values[suffix] = float(line.split()[-1])
-    return values["_sum"] / values["_count"] if values.get("_count") else None
+    return values["_sum"], values["_count"]
 
 
-async def drive(port: int, items: list[dict[str, str]], clients: int, warmup: int, with_metrics: bool) -> dict:
-    """`clients` connections take items from one shared cursor, one item per request."""
+async def drive(port: int, path: str, items: list[dict[str, str]], clients: int, warmup: int, seconds: float,
+                check_items: int, with_metrics: bool) -> dict:
+    """Warm up, score the first `check_items` items once (for the score check), then `clients` connections send one
+    item per request, cycling through `items`, for `seconds`."""
     connections = [await Connection.open("127.0.0.1", port) for _ in range(clients)]
+
+    async def score(connection: Connection, index: int) -> dict:
+        return (await connection.post(path, {"items": [items[index % len(items)]]}))["scores"][0]
 
     async def warm(connection: Connection, offset: int) -> None:
         for i in range(max(1, warmup // clients)):
-            await connection.post("/v1/score", {"items": [items[(offset + i * clients) % len(items)]]})
+            await score(connection, offset + i * clients)
 
     await asyncio.gather(*(warm(c, i) for i, c in enumerate(connections)))
-    cursor = iter(range(len(items)))
-    logits: list[float] = [0.0] * len(items)
-    scores: list[float] = [0.0] * len(items)
+    checked: list[dict] = [{}] * check_items
+    check_cursor = iter(range(check_items))
+
+    async def check(connection: Connection) -> None:
+        for index in check_cursor:
+            checked[index] = await score(connection, index)
+
+    await asyncio.gather(*(check(c) for c in connections))
+    metrics_before = (await connections[0].request("GET", "/metrics")).decode() if with_metrics else ""
+    cursor = itertools.count()
     latencies: list[float] = []
+    start = time.perf_counter()
+    deadline = start + seconds
 
     async def worker(connection: Connection) -> None:
-        for index in cursor:
-            start = time.perf_counter()
-            reply = await connection.post("/v1/score", {"items": [items[index]]})
-            latencies.append(time.perf_counter() - start)
-            scores[index] = reply["scores"][0]["score"]
-            logits[index] = reply["scores"][0]["logit"]
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            await score(connection, next(cursor))
+            latencies.append(time.perf_counter() - sent)
 
-    start = time.perf_counter()
     await asyncio.gather(*(worker(c) for c in connections))
     wall = time.perf_counter() - start
-    metrics = (await connections[0].request("GET", "/metrics")).decode() if with_metrics else ""
+    mean_batch = None
+    if with_metrics:
+        metrics = (await connections[0].request("GET", "/metrics")).decode()
+        (sum0, count0), (sum1, count1) = (histogram(m, "cooper_reward_batch_items") for m in (metrics_before, metrics))
+        mean_batch = (sum1 - sum0) / max(1.0, count1 - count0)
     for c in connections:
         c.close()
     latencies.sort()
     return {
-        "throughput": len(items) / wall, "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], "wall_s": wall,
-        "scores": scores, "logits": logits, "mean_batch": mean_of(metrics, "cooper_reward_batch_items") or 0,
+        "items_per_s": len(latencies) / wall, "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "checked": checked, "mean_batch": mean_batch,
     }
 
 
-def model_ms_per_item(model: str, items: list[dict[str, str]], threads: int, device: str) -> dict[str, float]:
-    """The bare model's time per item (median of 3 passes), one item per forward and 16 per forward."""
-    import torch
-
-    from cooper.config import OptimConfig
-    from cooper.services.reward.verify_rm import ScoreItem, VerifyRM
-    from cooper.tiny.models import resolve_model
-
-    torch.set_num_threads(threads)
-    rm = VerifyRM.load(resolve_model(model, "reward"), OptimConfig(), device=device, dtype="float32")
-    tokens = rm.encode([ScoreItem(**item) for item in items])
-    result = {}
-    for name, batch_size, rows in (("single", 1, tokens[:300]), ("batch16", 16, tokens)):
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            rm.logits(rows, batch_size)
-            times.append((time.perf_counter() - start) / len(rows))
-        result[name] = 1000 * statistics.median(times)
-    return result
+# ----- the bare model -----
 
 
-def wait_for_file(path: Path, process: subprocess.Popen, what: str, timeout_s: float = 120) -> str:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if path.exists() and path.read_text():
-            return path.read_text()
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode} during start-up")
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not ready after {timeout_s} s")
+class BareModel:
+    """The model in this process, tokenized beforehand: what batching can give at most."""
+
+    def __init__(self, model_dir: str, items: list[dict[str, str]], threads: int, device: str):
+        import torch
+
+        from cooper.config import OptimConfig
+        from cooper.services.reward.verify_rm import ScoreItem, VerifyRM
+
+        torch.set_num_threads(threads)
+        self.rm = VerifyRM.load(model_dir, OptimConfig(), device=device, dtype="float32")
+        self.tokens = self.rm.encode([ScoreItem(**item) for item in items])
+
+    def items_per_s(self, batch_size: int, min_seconds: float = 1.0) -> float:
+        """Passes of `batch_size` rows in the order the items come (as a server's batches do), for `min_seconds`."""
+        rows = 0
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < min_seconds:
+            for first in range(0, len(self.tokens) - batch_size + 1, batch_size):
+                self.rm.logits(self.tokens[first : first + batch_size], batch_size)
+                rows += batch_size
+        return rows / elapsed
+
+
+# ----- starting and stopping servers -----
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def service_launcher(loop: str) -> list[str]:
@@ -219,96 +255,216 @@ def service_launcher(loop: str) -> list[str]:
             " from cooper.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
-def start_server(command: list[str], ready: Path, what: str, threads: int) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(threads))
-    process = subprocess.Popen(command, cwd=ROOT, env=env)
+def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str) -> list[str]:
+    if name == "naive":
+        return [sys.executable, __file__, "--naive-server", str(port)]
+    if name in ("service", "baseline"):
+        return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
+                f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
+                f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32"]
+    if name == "mosec":
+        return [pythons[name], str(ROOT / "bench/peers/mosec_server.py"), "--port", str(port), "--address",
+                "127.0.0.1", "--timeout", "60000", "--log-level", "warning"]
+    return [pythons[name], str(ROOT / "bench/peers/litserve_server.py"), str(port)]
+
+
+def route(name: str) -> str:
+    return "/inference" if name == "mosec" else "/v1/score"
+
+
+async def wait_ready(port: int, path: str, item: dict[str, str], process: subprocess.Popen, what: str,
+                     timeout_s: float = 300) -> None:
+    """Until a real score request is answered: listening is not enough (model loading, worker start-up)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} during start-up; see its output above")
+        try:
+            connection = await Connection.open("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            await connection.post(path, {"items": [item]})
+            return
+        except (RuntimeError, OSError, asyncio.IncompleteReadError, ValueError):
+            await asyncio.sleep(0.2)
+        finally:
+            connection.close()
+    raise TimeoutError(f"{what} not ready after {timeout_s} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server (it stops its own workers, in order), then to what is left of its process group,
+    SIGKILL to what lingers."""
+    process.terminate()
     try:
-        return process, wait_for_file(ready, process, what)
-    except BaseException:
-        process.terminate()
-        raise
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)  # the group the server was started in (start_new_session)
+        except ProcessLookupError:
+            return
+        time.sleep(2)
+    process.wait(timeout=10)
+
+
+def run_server(name: str, args: argparse.Namespace, pythons: dict[str, str], env: dict[str, str], tmp: str,
+               items: list[dict[str, str]], check_items: int) -> dict:
+    port = free_port()
+    root = Path(args.baseline) if name == "baseline" else ROOT  # its own code first on the path
+    process = subprocess.Popen(server_command(name, port, args, pythons, tmp), cwd=root,
+                               env=dict(env, PYTHONPATH=str(root)), start_new_session=True)
+    try:
+        asyncio.run(wait_ready(port, route(name), items[0], process, name))
+        return asyncio.run(drive(port, route(name), items, args.clients, args.warmup, args.seconds, check_items,
+                                 with_metrics=name in ("service", "baseline")))
+    finally:
+        stop(process)
+
+
+def peer_pythons(specs: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The interpreter of each peer, and for each that cannot run, why not."""
+    pythons = {peer: str(PEER_HOME / peer / "bin" / "python") for peer in PEERS}
+    for spec in specs:
+        name, _, python = spec.partition("=")
+        if name not in PEERS or not python:
+            raise SystemExit(f"--peer-python {spec!r}: expected NAME=PYTHON with NAME one of {', '.join(PEERS)}")
+        pythons[name] = python
+    missing = {}
+    for peer, python in pythons.items():
+        setup = f"create it with `bash bench/peers/setup.sh` or pass --peer-python {peer}=PYTHON"
+        if not Path(python).exists():
+            missing[peer] = f"no interpreter at {python}; {setup}"
+            continue
+        probe = subprocess.run([python, "-c", f"import {PEER_MODULES[peer]}, torch, transformers, pydantic, yaml"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            error = (probe.stderr.strip().splitlines() or ["?"])[-1]
+            missing[peer] = f"{python} cannot import what the peer needs ({error}); {setup}"
+    return pythons, missing
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=8.0, help="time under load per server and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each server once per round; medians reported")
+    parser.add_argument("--servers", default=",".join(SERVERS), help="which servers to run (service always runs)")
+    parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PYTHON",
+                        help="the interpreter of a peer's own environment (default $COOPER_BENCH_PEERS/NAME/bin/python,"
+                             f" now {PEER_HOME}/NAME/bin/python); bench/peers/setup.sh creates them")
     parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
                         help="tiny (0.1M parameters, the default) or small (4M: a forward pass with some compute in it)")
+    parser.add_argument("--items", type=int, default=2000, help="distinct items the clients cycle through")
+    parser.add_argument("--check-items", type=int, default=256, help="items whose scores are compared across servers")
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating timed rounds per server; medians reported")
-    parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed round")
+    parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed run")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads of both servers (OMP_NUM_THREADS); one is fastest on small CPUs")
+                        help="torch CPU threads of every server (OMP_NUM_THREADS); one is fastest on small CPUs")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")
     parser.add_argument("--device", default="cpu",
-                        help="where both servers run the model (cpu, cuda, cuda:N); float32 on both either way")
-    parser.add_argument("--naive-server", metavar="PORT_FILE", help=argparse.SUPPRESS)
+                        help="where every server runs the model (cpu, cuda, cuda:N); float32 everywhere")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="also run the service of another checkout (e.g. a worktree of main) as 'baseline'")
+    parser.add_argument("--naive-server", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server:
         naive_server(args.naive_server)
         return
 
+    import tempfile
+
     from cooper.tiny.models import resolve_model
 
-    resolve_model(args.model, "reward")  # build the model once, before either server starts
-    os.environ["COOPER_BENCH_MODEL"] = args.model  # the naive server (a child process) loads the same one
-    os.environ["COOPER_BENCH_DEVICE"] = args.device
+    names = ["service"] + [n for n in args.servers.split(",") if n in SERVERS and n != "service"]
+    unknown = [n for n in args.servers.split(",") if n not in SERVERS]
+    if unknown:
+        raise SystemExit(f"--servers: unknown {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
+    if args.baseline:
+        names.insert(1, "baseline")
+    pythons, missing = peer_pythons(args.peer_python)
+    for peer, reason in missing.items():
+        if peer in names:
+            print(f"reward_http: peer {peer} skipped: {reason}", file=sys.stderr)
+    running = [n for n in names if n not in missing]
+    model_dir = str(resolve_model(args.model, "reward"))  # built once, before any server starts
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads), COOPER_BENCH_MODEL_DIR=model_dir,
+               COOPER_BENCH_THREADS=str(args.threads), COOPER_BENCH_DEVICE=args.device, COOPER_BENCH_MAX_WAIT_MS="5")
     items = make_items(args.items)
-    runs: dict[str, list[dict]] = {"naive": [], "service": []}
+    bare = BareModel(model_dir, items, args.threads, args.device)
+    runs: dict[str, list[dict]] = {n: [] for n in running}
+    ceilings: dict[int, list[float]] = {16: [], 32: []}
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
-        naive_ready, service_ready = Path(tmp) / "naive.port", Path(tmp) / "service.json"
-        naive, naive_port = start_server(
-            [sys.executable, __file__, "--naive-server", str(naive_ready)], naive_ready, "naive server", args.threads)
-        try:
-            service, ready = start_server(
-                [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
-                 "--ready-file", str(service_ready), "reward.http.port=0", f"reward.checkpoint_dir={tmp}/ckpt",
-                 "reward.server.metrics_port=null", f"reward.model={args.model}", f"reward.device={args.device}",
-                 "reward.dtype=float32"],
-                service_ready, "reward service", args.threads)
-            try:
-                ports = {"naive": int(naive_port), "service": json.loads(ready)["http_port"]}
-                # Alternate rounds so that both servers see the same background load; only one runs at a time.
-                for _ in range(args.rounds):
-                    for name in ("naive", "service"):
-                        runs[name].append(asyncio.run(drive(ports[name], items, args.clients, args.warmup,
-                                                            with_metrics=name == "service")))
-            finally:
-                service.terminate()
-                service.wait(timeout=60)
-        finally:
-            naive.terminate()
-            naive.wait(timeout=60)
+        for round_index in range(args.rounds):
+            for batch_size in ceilings:  # no server runs now: a quiet process
+                ceilings[batch_size].append(bare.items_per_s(batch_size))
+            shift = round_index % len(running)
+            for name in running[shift:] + running[:shift]:
+                result = run_server(name, args, pythons, env, tmp, items, args.check_items if round_index == 0 else 0)
+                runs[name].append(result)
+                print(f"reward_http: round {round_index + 1} {name}: {result['items_per_s']:.0f} items/s, "
+                      f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms", file=sys.stderr)
 
     def median_of(name: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[name])
 
-    score_diff = max(abs(a - b) for n, s in zip(runs["naive"], runs["service"], strict=True)
-                     for a, b in zip(n["scores"], s["scores"], strict=True))
-    logit_diff = max(abs(a - b) for n, s in zip(runs["naive"], runs["service"], strict=True)
-                     for a, b in zip(n["logits"], s["logits"], strict=True))
-    naive_tp, service_tp = median_of("naive", "throughput"), median_of("service", "throughput")
-    model_ms = model_ms_per_item(args.model, items, args.threads, args.device)  # after the servers stopped: a quiet process
+    ceiling = {size: statistics.median(rates) for size, rates in ceilings.items()}
+    best_ceiling = max(ceiling.values())
+    service_rate = median_of("service", "items_per_s")
+    reference = runs["service"][0]["checked"]
+    servers: dict[str, dict] = {}
+    for name in names:
+        if name in missing:
+            servers[name] = {"available": False, "reason": missing[name]}
+            continue
+        checked = runs[name][0]["checked"]
+        servers[name] = {
+            "available": True, "items_per_s": round(median_of(name, "items_per_s"), 1),
+            "p50_ms": round(median_of(name, "p50_ms"), 2), "p99_ms": round(median_of(name, "p99_ms"), 2),
+            "items_per_s_per_round": [round(run["items_per_s"], 1) for run in runs[name]],
+            "max_score_diff": max(abs(a["score"] - b["score"]) for a, b in zip(checked, reference, strict=True)),
+            "max_logit_diff": max(abs(a["logit"] - b["logit"]) for a, b in zip(checked, reference, strict=True)),
+        }
+    ratios = {f"ratio_vs_{name}": None if name in missing else round(service_rate / servers[name]["items_per_s"], 2)
+              for name in names if name != "service"}
+    peers_run = [p for p in PEERS if p in servers and servers[p]["available"]]
+    best_peer = max(peers_run, key=lambda p: servers[p]["items_per_s"], default=None)
+    scores_match = all(s["max_logit_diff"] <= SCORE_TOLERANCE for s in servers.values() if s["available"])
     result = {
-        "bench": "reward_http", "model": args.model, "items": args.items, "clients": args.clients, "items_per_request": 1,
-        "rounds": args.rounds, "threads": args.threads, "device": args.device, "service_loop": args.loop, "cpu_count": os.cpu_count(),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "naive_items_per_s": round(naive_tp, 1), "service_items_per_s": round(service_tp, 1),
-        "naive_p50_ms": round(median_of("naive", "p50_ms"), 2), "naive_p99_ms": round(median_of("naive", "p99_ms"), 2),
-        "service_p50_ms": round(median_of("service", "p50_ms"), 2),
-        "service_p99_ms": round(median_of("service", "p99_ms"), 2),
-        "ratio": round(service_tp / naive_tp, 2),
-        "ratio_per_round": [round(s["throughput"] / n["throughput"], 2)
-                            for n, s in zip(runs["naive"], runs["service"], strict=True)],
-        "service_mean_batch": round(median_of("service", "mean_batch"), 1),
-        "model_ms_per_item_single": round(model_ms["single"], 3),
-        "model_ms_per_item_batch16": round(model_ms["batch16"], 3),
-        "ceiling_ratio": round(1000 / model_ms["batch16"] / naive_tp, 2),
-        "max_score_diff": score_diff, "max_logit_diff": logit_diff,
+        "bench": "reward_http", "model": args.model, "clients": args.clients, "items_per_request": 1,
+        "seconds": args.seconds, "rounds": args.rounds, "threads": args.threads, "device": args.device,
+        "service_loop": args.loop, "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "servers": servers,
+        "ceiling_items_per_s": round(best_ceiling, 1),
+        "ceiling_items_per_s_batch16": round(ceiling[16], 1), "ceiling_items_per_s_batch32": round(ceiling[32], 1),
+        **ratios,
+        "best_peer": best_peer,
+        "ratio_vs_best_peer": round(service_rate / servers[best_peer]["items_per_s"], 2) if best_peer else None,
+        "ratio_vs_best_peer_reason": None if best_peer else "no peer ran: " + "; ".join(
+            f"{p}: {missing.get(p, 'not in --servers')}" for p in PEERS),
+        "ceiling_fraction": round(service_rate / best_ceiling, 2),
+        "service_mean_batch": round(statistics.median(run["mean_batch"] for run in runs["service"]), 1),
+        "scores_match": scores_match, "score_tolerance": SCORE_TOLERANCE,
     }
+    if "baseline" in runs:
+        result["baseline_mean_batch"] = round(statistics.median(run["mean_batch"] for run in runs["baseline"]), 1)
+    print_table(servers, best_ceiling, service_rate)
     print(json.dumps(result))
+
+
+def print_table(servers: dict[str, dict], ceiling: float, service_rate: float) -> None:
+    print(f"{'server':<10} {'items/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'service/x':>10} {'max |dlogit|':>13}")
+    for name, s in servers.items():
+        if not s["available"]:
+            print(f"{name:<10} {'-':>9} {'-':>8} {'-':>8} {'-':>10} {'-':>13}  ({s['reason']})")
+            continue
+        print(f"{name:<10} {s['items_per_s']:>9.1f} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
+              f"{service_rate / s['items_per_s']:>10.2f} {s['max_logit_diff']:>13.2e}")
+    print(f"{'ceiling':<10} {ceiling:>9.1f} {'':>8} {'':>8} {service_rate / ceiling:>10.2f}")
 
 
 if __name__ == "__main__":

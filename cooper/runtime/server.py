@@ -12,6 +12,7 @@ shared token; `server.health_port` adds a plaintext port with the health service
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -229,6 +230,11 @@ def run_service(
     async def main() -> int:
         service = await create_service(config)
         await service.start()
+        # Everything built so far (torch, transformers, the tokenizer, the apps) lives as long as the process: out of
+        # the collector's reach, a full collection scans only what serving allocates. Before this, each full
+        # collection of the reward service stalled every request for 150-330 ms on a 2-vCPU machine, its p99.
+        gc.collect()
+        gc.freeze()
         if ready_file:
             service.write_ready_file(ready_file)
         await service.wait_for_signal()

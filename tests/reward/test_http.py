@@ -223,3 +223,41 @@ def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
                         "invalid_request")
     assert "<reference_answer>" in data["error"]["message"]
     assert_error(httpx.post(f"{served.url}/classify", json={"input": texts}), 401, "unauthorized")
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bytes]] = []
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", data))
+
+    def close(self) -> None:
+        self.calls.append(("close", b""))
+
+    def is_closing(self) -> bool:
+        return any(call == "close" for call, _ in self.calls)
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info {name}"
+
+
+def test_a_response_head_and_body_go_out_in_one_write() -> None:
+    from cooper.services.reward.http import _CoalescingTransport
+
+    async def respond() -> RecordingTransport:
+        inner = RecordingTransport()
+        transport = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        transport.write(b"{}")
+        assert inner.calls == []  # not yet: at the end of this loop iteration
+        await asyncio.sleep(0)
+        assert inner.calls == [("write", b"HTTP/1.1 200 OK\r\n\r\n{}")]
+        transport.write(b"last")
+        transport.close()  # flushes first
+        assert transport.get_extra_info("peername") == "info peername"  # the rest is the transport's own
+        await asyncio.sleep(0)
+        return inner
+
+    inner = asyncio.run(respond())
+    assert inner.calls[1:] == [("write", b"last"), ("close", b"")]

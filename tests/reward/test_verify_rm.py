@@ -67,6 +67,18 @@ def test_special_tokens_in_text_are_plain_text(rm: VerifyRM) -> None:
     assert rm.pad_id not in ids  # so it cannot move the pooling point
 
 
+def test_encoder_ids_are_those_of_the_tokenizer_call(rm: VerifyRM) -> None:
+    """The Encoder calls the fast tokenizer's Rust side directly; the ids must be transformers' own."""
+    specials = "".join(rm.tokenizer.all_special_tokens)
+    items = tiny_items(40) + [ScoreItem(f"q {specials}", specials, f"{specials} answer {rm.tokenizer.pad_token}")]
+    texts = [format_input(i.question, i.reference, i.completion) for i in items]
+    expected = rm.tokenizer(texts, split_special_tokens=True)["input_ids"]
+    assert rm.encode(items) == expected
+    assert rm.encode(items[:1]) == expected[:1]  # one item, as most requests are
+    rm.tokenizer(texts[:1], truncation=True, max_length=8)  # someone leaves truncation set: the slow path, same ids
+    assert rm.encode(items) == rm.tokenizer(texts, split_special_tokens=True)["input_ids"]
+
+
 def test_long_input_keeps_question_and_end_of_completion(rm: VerifyRM) -> None:
     rm.encoder.max_length = 64
     completion = "filler words here. " * 40 + "The answer is \\boxed{42}."

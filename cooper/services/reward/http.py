@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from cooper.config import RewardConfig
 from cooper.services.reward import protocol
@@ -185,6 +186,44 @@ def _without_auth(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+class _CoalescingTransport:
+    """Writes made in one event-loop iteration go out in one transport.write: uvicorn writes a response's head and
+    its body apart, two send(2) calls and two TCP segments that wake the client twice. With 32 clients of single
+    items, those writes were a sixth of the serving process's CPU. Bytes and their order are unchanged."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the transport's own
+        return getattr(self._transport, name)
+
+
+class _CoalescingHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol (what uvicorn picks when httptools is installed, as it is here) writing through a
+    _CoalescingTransport."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn inside someone else's event loop: the GrpcService owns SIGTERM, so uvicorn must not take it."""
 
@@ -218,7 +257,8 @@ async def start_http(app: FastAPI, host: str, port: int) -> HttpServer:
     except OSError as err:
         sock.close()
         raise OSError(f"reward HTTP: cannot bind {host}:{port} ({err.strerror}); set reward.http.port") from None
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, http=_CoalescingHttpTools, log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=10)
     server = _EmbeddedUvicorn(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="reward-http")
     while not server.started:

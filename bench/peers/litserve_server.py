@@ -1,0 +1,51 @@
+"""The reward model behind LitServe (FastAPI + uvicorn in front, the model in a worker process): a peer for
+bench/reward_http.py.
+
+LitServe's batching (at most 64 requests, waiting at most COOPER_BENCH_MAX_WAIT_MS, default 5 as in the service's
+reward.batching.max_wait_ms); decode_request tokenizes each request with the project's Encoder, predict scores the
+batch (bench/peers/model.py, the project's own code). Same route, request and answer as the service's POST /v1/score.
+Left out: auth, limits, versions; a peer only needs to score. `fast_queue` (ZeroMQ) is off: LitServe's default.
+
+    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. /tmp/v-litserve/bin/python bench/peers/litserve_server.py 8000
+"""
+
+import os
+import sys
+from typing import Any
+
+import litserve as ls
+
+
+class RewardAPI(ls.LitAPI):
+    def setup(self, device: str) -> None:
+        from bench.peers.model import BenchModel
+
+        self.model = BenchModel()
+
+    def decode_request(self, request: dict[str, Any]) -> list[list[int]]:
+        return self.model.encode(request["items"])
+
+    def batch(self, inputs: list[list[list[int]]]) -> list[list[list[int]]]:
+        return inputs
+
+    def predict(self, requests: list[list[list[int]]]) -> list[list[dict[str, float]]]:
+        # one entry per request, each a list of token lists: score all rows in one batch, answer per request
+        scores = self.model.score_tokens([tokens for request in requests for tokens in request])
+        answers, start = [], 0
+        for request in requests:
+            answers.append(scores[start : start + len(request)])
+            start += len(request)
+        return answers
+
+    def unbatch(self, output: list[list[dict[str, float]]]) -> list[list[dict[str, float]]]:
+        return output
+
+    def encode_response(self, output: list[dict[str, float]]) -> dict[str, Any]:
+        return {"scores": output}
+
+
+if __name__ == "__main__":
+    api = RewardAPI(max_batch_size=64, batch_timeout=float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5")) / 1000,
+                    api_path="/v1/score")
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=60)
+    server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False)

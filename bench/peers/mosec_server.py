@@ -1,0 +1,56 @@
+"""The reward model behind mosec (a Rust HTTP front and Python worker processes): a peer for bench/reward_http.py.
+
+Set up the way mosec's own examples serve a classifier: a tokenizing stage (its own process) feeding a batched
+inference stage (its own process; mosec's dynamic batching, at most 64 requests, waiting at most
+COOPER_BENCH_MAX_WAIT_MS, default 5 as in the service's reward.batching.max_wait_ms). Same request and answer as the
+service's POST /v1/score ({"items": [...]} -> {"scores": [{"score", "logit"}]}), on mosec's route /inference.
+Model and tokens: bench/peers/model.py, the project's own code. Left out: auth, limits, versions; a peer only needs
+to score.
+
+    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. /tmp/v-mosec/bin/python bench/peers/mosec_server.py --port 8000
+"""
+
+import os
+from typing import Any
+
+from mosec import Server, Worker
+
+
+class Tokenize(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        from bench.peers.model import MAX_LENGTH
+        from cooper.services.reward.items import ScoreItem
+        from cooper.services.reward.verify_rm import Encoder
+
+        self.item = ScoreItem
+        self.encoder = Encoder.load(os.environ["COOPER_BENCH_MODEL_DIR"], MAX_LENGTH)
+
+    def forward(self, data: dict[str, Any]) -> list[list[int]]:
+        return self.encoder.encode([self.item(i["question"], i["reference"], i["completion"]) for i in data["items"]])
+
+
+class Score(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        from bench.peers.model import BenchModel
+
+        self.model = BenchModel()
+
+    def forward(self, data: list[list[list[int]]]) -> list[dict[str, Any]]:
+        # one entry per request, each a list of token lists: score all rows in one batch, answer per request
+        rows = [tokens for request in data for tokens in request]
+        scores = self.model.score_tokens(rows)
+        answers, start = [], 0
+        for request in data:
+            answers.append({"scores": scores[start : start + len(request)]})
+            start += len(request)
+        return answers
+
+
+if __name__ == "__main__":
+    server = Server()
+    server.append_worker(Tokenize, num=1)
+    server.append_worker(Score, num=1, max_batch_size=64,
+                         max_wait_time=int(float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5"))))
+    server.run()
