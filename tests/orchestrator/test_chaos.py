@@ -9,9 +9,9 @@ from chaos import Kill, check, run_with_kills, schedule
 
 @pytest.mark.slow
 def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
-    steps = 4
+    steps = 8  # steps left after the last kill, so that it lands mid-run on a fast, quiet machine too
     # The embedded Redis (the run stops; it is resumed), then the policy service (restarted by the watchdog).
-    kills = [Kill("redis", 1, 0.0), Kill("policy", 2, 0.0)]
+    kills = [Kill("redis", 1, 0.0), Kill("policy", 3, 0.0)]
     chaos = run_with_kills(tmp_path, 0, steps, kills)
     check(chaos, tmp_path / "chaos-0", reference=None)
     assert not chaos.violations, "\n".join(chaos.violations)

@@ -55,7 +55,7 @@ def reward_port(train: Train, back: re.Match) -> str:
 
 @pytest.mark.slow
 def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
-    steps, run_dir = 3, tmp_path / "failed"
+    steps, run_dir = 10, tmp_path / "failed"  # enough steps that the kill lands mid-run on a fast, quiet machine
     # No restarts and a short wait: the killed reward service makes a job fail for good.
     train = Train(tmp_path, f"run.steps={steps}", "run.name=failed", f"run.output_dir={tmp_path}",
                   "run.service_restarts=0", "reward.server.unavailable_timeout_s=1", *FAST)
@@ -81,7 +81,7 @@ def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
-    steps, run_dir = 3, tmp_path / "interrupted"
+    steps, run_dir = 10, tmp_path / "interrupted"  # enough steps that Ctrl-C lands mid-run on a fast, quiet machine
     train = Train(tmp_path, f"run.steps={steps}", "run.name=interrupted", f"run.output_dir={tmp_path}", *FAST)
     train.wait_for_steps(run_dir, 1)
     train.look()
@@ -101,7 +101,7 @@ def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_a_sigkilled_cli_leaves_nothing_behind_and_the_run_resumes(tmp_path):
-    steps, run_dir = 4, tmp_path / "killed"
+    steps, run_dir = 8, tmp_path / "killed"  # steps left after the kill, whatever the machine's speed
     train = Train(tmp_path, f"run.steps={steps}", "run.name=killed", f"run.output_dir={tmp_path}", *FAST)
     train.wait_for_steps(run_dir, 1)
     redis_server = [p for p in train.look() if p.name() == "redis-server"]
