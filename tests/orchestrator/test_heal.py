@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_process import FAST, Train, alive, assert_consistent, cmdline
+from train_process import FAST, Train, alive, assert_consistent, cmdline, resume_to_the_end
 
 from cooper.orchestrator.outputs import read_metrics
 from cooper.orchestrator.stages import InconsistentRun, expect_before_update, expect_version
@@ -73,10 +73,7 @@ def test_a_run_failed_by_a_lost_service_stops_cleanly_and_resumes(tmp_path):
     # checkpoint was left to fail), so that is not asserted; the resume below must finish whatever was left.
     train.assert_nothing_left()  # a RunFailed exit
 
-    resumed = Train(tmp_path, "--resume", str(run_dir))
-    assert resumed.wait() == 0, resumed.stderr[-3000:]  # the stored error is cleared, failed jobs run again
-    assert_consistent(run_dir, steps)
-    resumed.assert_nothing_left()
+    resume_to_the_end(tmp_path, run_dir, steps)  # the stored error is cleared, failed jobs run again
 
 
 @pytest.mark.slow
@@ -93,10 +90,7 @@ def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
     assert len(read_metrics(run_dir)) < steps
     train.assert_nothing_left()  # a Ctrl-C exit
 
-    resumed = Train(tmp_path, "--resume", str(run_dir))
-    assert resumed.wait() == 0, resumed.stderr[-3000:]
-    assert_consistent(run_dir, steps)
-    resumed.assert_nothing_left()
+    resume_to_the_end(tmp_path, run_dir, steps)
 
 
 @pytest.mark.slow
@@ -106,17 +100,10 @@ def test_a_sigkilled_cli_leaves_nothing_behind_and_the_run_resumes(tmp_path):
     train.wait_for_steps(run_dir, 1)
     redis_server = [p for p in train.look() if p.name() == "redis-server"]
     assert len(redis_server) == 1, [cmdline(p) for p in train.look()]  # the embedded Redis is a child of the CLI
-    train.proc.send_signal(signal.SIGKILL)
-    train.proc.wait()
-    # The kernel sends SIGTERM to the services and the embedded Redis (processes.die_with_parent); Redis writes out
-    # its append-only file and exits.
-    train.wait_for_children_to_exit()
+    train.kill_cli()  # Redis, sent SIGTERM by the kernel, writes out its append-only file and exits
     train.assert_nothing_left()  # a SIGKILL exit: no process (Redis included), no temp directory
 
-    resumed = Train(tmp_path, "--resume", str(run_dir))
-    assert resumed.wait() == 0, resumed.stderr[-3000:]  # the state was in the append-only file
-    assert_consistent(run_dir, steps)
-    resumed.assert_nothing_left()
+    resume_to_the_end(tmp_path, run_dir, steps)  # the state was in the append-only file
 
 
 @pytest.mark.slow
@@ -124,12 +111,9 @@ def test_a_policy_checkpoint_behind_the_run_is_refused(tmp_path):
     steps, run_dir = 6, tmp_path / "behind"  # steps left after the kill, whatever the machine's speed
     train = Train(tmp_path, f"run.steps={steps}", "run.name=behind", f"run.output_dir={tmp_path}", *FAST)
     train.wait_for_steps(run_dir, 2)
-    train.look()
-    train.proc.send_signal(signal.SIGKILL)
-    train.proc.wait()
-    # The orphaned services get SIGTERM (processes.die_with_parent) and drain: an update in flight still finishes
-    # and saves its checkpoint. Deleting checkpoints before they are gone raced with that save.
-    train.wait_for_children_to_exit()
+    # The orphaned services drain before they exit: an update in flight still finishes and saves its checkpoint.
+    # Deleting checkpoints before they are gone raced with that save.
+    train.kill_cli()
     # What a deployment with policy.save_every=3 loses in a crash: the newest checkpoints.
     checkpoints = sorted((run_dir / "checkpoints" / "policy").glob("v*"), key=lambda p: int(p.name[1:]))
     assert len(checkpoints) >= 2

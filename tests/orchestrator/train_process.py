@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,6 +79,14 @@ class Train:
             assert time.monotonic() < deadline, [" ".join(cmdline(p)) for p in running]
             time.sleep(0.1)
 
+    def kill_cli(self) -> None:
+        """SIGKILL `cooper train` itself, then wait until its services and embedded Redis, which the kernel sends
+        SIGTERM (processes.die_with_parent), have drained and exited: the state a crash leaves once it settles."""
+        self.look()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.wait_for_children_to_exit()
+
     def assert_nothing_left(self, allowed: tuple[str, ...] = ()) -> None:
         """No process this run started is running, and its TMPDIR is empty but for names starting with `allowed`.
         torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
@@ -119,3 +128,11 @@ def assert_consistent(run_dir: Path, steps: int, batch_size: int = 8) -> list[di
     assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
     assert [r["data_offset"] for r in records] == [batch_size * t for t in range(steps)]
     return records
+
+
+def resume_to_the_end(tmp_path: Path, run_dir: Path, steps: int) -> None:
+    """`cooper train --resume` finishes the run, consistent (assert_consistent), leaving nothing behind."""
+    resumed = Train(tmp_path, "--resume", str(run_dir))
+    assert resumed.wait() == 0, resumed.stderr[-3000:]
+    assert_consistent(run_dir, steps)
+    resumed.assert_nothing_left()

@@ -81,7 +81,7 @@ def last_boxed(text: str) -> str | None:
     """The content of the last complete \\boxed{...} (nested braces matched), or None when there is none."""
     start = text.rfind("\\boxed{")
     while start != -1:
-        depth, i = 0, start + len("\\boxed")
+        depth = 0
         for i in range(start + len("\\boxed"), len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             if depth == 0:
