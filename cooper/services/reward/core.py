@@ -114,7 +114,8 @@ class RewardCore:
         return BatchScores(logits, self.rm.version, forward_s)
 
     def apply_update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
-        """One Bradley-Terry step -> version + 1; a key applied before returns its recorded result, trains nothing."""
+        """One Bradley-Terry update (reward.update_steps optimizer steps over the pairs and the replay) -> version + 1;
+        a key applied before returns its recorded result, trains nothing."""
         if key is not None and key in self._results:
             return replace(self._results[key], replayed=True)
         replay = [pair for update in self._replay for pair in update]
