@@ -230,6 +230,11 @@ class RewardConfig(StrictModel):
     """A variant beside the paper's recipe (0): each Update also trains on the pairs of this many previous Updates,
     so that VerifyRM keeps pace with a policy that moves faster than one small batch of pairs can teach, and does
     not forget last step's lesson while learning this one's. The replay is part of the checkpoint."""
+    calibration_weight: float = Field(default=0.0, ge=0)
+    """A variant beside the paper's recipe (0): adds this weight times the BCE of every pair's positive against 1
+    and its negative against 0 (the verifier's labels, as in VerifyRM's pretraining) to the Bradley-Terry loss.
+    Bradley-Terry constrains only differences of logits, so all scores may drift up together while the ranking
+    stays right; the discrete reward 1[p > 0.5] reads absolute scores, and a drift upward passes wrong answers."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
     checkpoint_dir: str = "checkpoints/reward"

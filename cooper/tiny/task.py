@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 NAMES = ["Tom", "Ana", "Lee", "Mia", "Sam", "Ivy", "Max", "Zoe"]
 THINGS = ["apples", "books", "coins", "pens", "stones", "cards"]
+MAX_ADDEND, MAX_FACTOR = 12, 9
+NEAR_MISSES = [-3, -2, -1, 1, 2, 3, 10]
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Problem:
 def make_problem(rng: random.Random, index: int, split: str) -> Problem:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     op = rng.choice("+-*")
-    a, b = rng.randint(2, 12), rng.randint(2, 9)  # small enough that a 2-layer model gets some right
+    a, b = rng.randint(2, MAX_ADDEND), rng.randint(2, 9)
     if op == "+":
         question = f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have?"
         result, work = a + b, f"{a} + {b} = {a + b}"
@@ -33,7 +35,7 @@ def make_problem(rng: random.Random, index: int, split: str) -> Problem:
         question = f"{name} has {a} {thing} and gives away {b}. How many {thing} are left?"
         result, work = a - b, f"{a} - {b} = {a - b}"
     else:
-        a = rng.randint(2, 9)
+        a = rng.randint(2, MAX_FACTOR)
         question = f"{name} has {a} bags with {b} {thing} each. How many {thing} are there?"
         result, work = a * b, f"{a} * {b} = {a * b}"
     solution = f"We compute {work}. The answer is \\boxed{{{result}}}."
@@ -48,6 +50,12 @@ def make_split(n: int, seed: int, split: str) -> list[Problem]:
 
 def wrong_solution(problem: Problem, rng: random.Random) -> str:
     """The worked solution with a plausible wrong result (for warm starts and labelled RM data)."""
-    wrong = int(problem.answer) + rng.choice([-3, -2, -1, 1, 2, 3, 10])
+    wrong = int(problem.answer) + rng.choice(NEAR_MISSES)
     head = problem.solution.rsplit("=", 1)[0]
     return f"{head}= {wrong}. The answer is \\boxed{{{wrong}}}."
+
+
+def bare_answer(problem: Problem, rng: random.Random, right_share: float) -> str:
+    """An answer with no work shown, right with probability `right_share`, else a near miss."""
+    answer = problem.answer if rng.random() < right_share else str(int(problem.answer) + rng.choice(NEAR_MISSES))
+    return f"The answer is \\boxed{{{answer}}}."

@@ -1,9 +1,16 @@
 """Warm starts for the tiny preset, built once and cached like the tiny models.
 
-`tiny-sft`: the tiny causal LM after a short SFT on worked solutions of the arithmetic task, a quarter of them
-deliberately wrong, so the policy answers in the right format but is often wrong: RL has signal and room.
-`tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions (right and wrong solutions,
-and answer-less text), the stand-in for the paper's hybrid-annotated pretraining.
+`tiny-sft`: the tiny causal LM after a short SFT on a corpus of two kinds of answers: half are worked solutions
+(`We compute 7 * 8 = 56. The answer is \\boxed{56}.`, all right), half are bare answers with no work shown
+(`The answer is \\boxed{56}.`), right only BARE_RIGHT of the time, like an answer key of mixed quality. A 2-layer
+model computes much better when it writes the operation out first, so the SFT policy is a mix of a reliable
+behaviour and an unreliable one: RL with a true reward has a behaviour to learn that carries across problems
+(measured: sampled accuracy 0.55 when it shows work, 0.13 on bare answers).
+`tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions: worked solutions, right and
+with a wrong number, and a fixed answer-less text. It is a narrow and small labelled set, the stand-in for the
+paper's hybrid-annotated pretraining: it never shows a bare answer, and RM_PROBLEMS is small enough that the RM
+learns answer priors beside the reference check (Gao et al. 2022: proxies trained on few labels are exploitable).
+docs/experiments.md measures what that RM gets wrong, and what a policy trained against it learns to write.
 """
 
 from __future__ import annotations
@@ -12,14 +19,17 @@ import random
 from pathlib import Path
 
 from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_reward_model_dir
-from cooper.tiny.task import make_split, wrong_solution
+from cooper.tiny.task import bare_answer, make_split, wrong_solution
 
-SFT_STEPS, SFT_BATCH, SFT_LR, WRONG_SHARE = 500, 32, 3e-3, 0.25
-# Measured on 192 held-out samples of the SFT policy labelled by the verifier: 600 problems x 3 epochs at 2e-3 left
-# the RM at chance (28% agreement); 3000 x 5 at 1e-3 agrees with the verifier on 79%, in about a minute.
-RM_PROBLEMS, RM_EPOCHS, RM_LR = 3000, 5, 1e-3
-
-
+SFT_STEPS, SFT_BATCH, SFT_LR = 800, 32, 3e-3
+BARE_SHARE, BARE_RIGHT = 0.5, 0.3
+WRONG_SHARE = 0.0  # worked solutions with a wrong number (v5 used 0.25): none, their errors are the model's own
+# RM pretraining budget. Measured against 1,536 samples of the SFT policy labelled by the verifier: 3000 problems x
+# 5 epochs gives AUROC 0.87 (best-of-n's verifier accuracy peaks at 0.64 and falls only to 0.58 by n = 32); 1500
+# gives 0.73 (peak 0.41 at n = 4, 0.29 at n = 32: Gao's overoptimisation curve without any training). Fewer than
+# about 1000 leaves it near chance. The RM's quality is this budget's doing, so it is one constant, written down.
+RM_PROBLEMS, RM_EPOCHS, RM_LR = 1500, 5, 1e-3
+ANSWERLESS_SHARE = 0.2
 def _prompt(question: str) -> str:
     from cooper.config import DataConfig
 
@@ -39,7 +49,10 @@ def _sft(out: Path) -> None:
     for p in make_split(4000, 0, "sft"):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": _prompt(p.question)}], tokenize=False,
                                                add_generation_prompt=True)
-        answer = wrong_solution(p, rng) if rng.random() < WRONG_SHARE else p.solution
+        if rng.random() < BARE_SHARE:
+            answer = bare_answer(p, rng, BARE_RIGHT)
+        else:
+            answer = wrong_solution(p, rng) if rng.random() < WRONG_SHARE else p.solution
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         examples.append((prompt_ids, answer_ids))
@@ -82,7 +95,7 @@ def _pretrain_rm(out: Path) -> None:
     for p in make_split(RM_PROBLEMS, 0, "rm"):
         triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
         triples.append(LabelledTriple(p.question, p.answer, wrong_solution(p, rng), 0))
-        if rng.random() < 0.2:
+        if rng.random() < ANSWERLESS_SHARE:
             triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
     rm.pretrain(triples, epochs=RM_EPOCHS, lr=RM_LR, batch_size=32, seed=0)
     rm.model.save_pretrained(out, safe_serialization=True)

@@ -14,6 +14,7 @@ from cooper.services.reward.verify_rm import (
     ScoreItem,
     VerifyRM,
     bradley_terry_loss,
+    calibration_loss,
     format_input,
     pair_accuracy,
     truncate_middle,
@@ -104,6 +105,32 @@ def test_repeated_updates_rank_positives_above_negatives(tiny_rm_dir: str) -> No
     assert rm.score([ScoreItem(p.question, p.reference, p.positive) for p in pairs]) != \
         rm.score([ScoreItem(p.question, p.reference, p.negative) for p in pairs])
     assert rm.version == 30
+
+
+def test_calibration_loss_equals_hand_computation() -> None:
+    pos, neg = [2.0, -1.0], [0.5, -3.0]
+    bce = [math.log(1 + math.exp(-p)) for p in pos] + [math.log(1 + math.exp(n)) for n in neg]
+    assert abs(calibration_loss(torch.tensor(pos), torch.tensor(neg)).item() - sum(bce) / 4) < 1e-6
+
+
+def test_calibration_pins_the_threshold_that_bradley_terry_leaves_free(tiny_rm_dir: str) -> None:
+    # Bradley-Terry alone only orders each pair; with the calibration term the positives end above 0.5 and the
+    # negatives below, which is what the discrete reward 1[p > 0.5] reads.
+    pairs = tiny_pairs(6)
+    calibrated = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu")
+    for _ in range(30):
+        stats = calibrated.update(pairs, calibration_weight=1.0)
+    positives = [s for s, _ in calibrated.score([ScoreItem(p.question, p.reference, p.positive) for p in pairs])]
+    negatives = [s for s, _ in calibrated.score([ScoreItem(p.question, p.reference, p.negative) for p in pairs])]
+    assert statistics.mean(p > 0.5 for p in positives) >= 5 / 6 and statistics.mean(n < 0.5 for n in negatives) >= 5 / 6
+    # The reported loss stays the Bradley-Terry loss of the fresh pairs, comparable with the paper's recipe.
+    fresh = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu")
+    assert abs(fresh.update(pairs, calibration_weight=1.0).loss - fresh_bt_loss(tiny_rm_dir, pairs)) < 1e-5
+    assert stats.version == 30
+
+
+def fresh_bt_loss(tiny_rm_dir: str, pairs) -> float:  # type: ignore[no-untyped-def]
+    return VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu").update(pairs).loss
 
 
 def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:

@@ -68,6 +68,11 @@ def bradley_terry_loss(positive_logits: torch.Tensor, negative_logits: torch.Ten
     return -F.logsigmoid(positive_logits.float() - negative_logits.float()).mean()
 
 
+def calibration_loss(positive_logits: torch.Tensor, negative_logits: torch.Tensor) -> torch.Tensor:
+    """The BCE of each pair's positive against label 1 and its negative against label 0, mean over all 2n texts."""
+    return 0.5 * (F.softplus(-positive_logits.float()).mean() + F.softplus(negative_logits.float()).mean())
+
+
 def pair_accuracy(positive_logits: Sequence[float], negative_logits: Sequence[float]) -> float:
     """Fraction of pairs with s_pos > s_neg (ties count as wrong)."""
     if not positive_logits:
@@ -234,9 +239,10 @@ class VerifyRM:
     # ----- training -----
 
     def update(self, pairs: Sequence[PreferencePair], replay: Sequence[PreferencePair] = (),
-               optimizer_steps: int = 1) -> UpdateStats:
+               optimizer_steps: int = 1, calibration_weight: float = 0.0) -> UpdateStats:
         """`optimizer_steps` AdamW steps on the Bradley-Terry loss over `pairs` plus `replay` (earlier updates'
-        pairs), each over all of them (micro-batches, accumulated gradients); the version rises by one.
+        pairs), each over all of them (micro-batches, accumulated gradients); the version rises by one. With
+        `calibration_weight` w > 0 the loss is BT + w * calibration_loss (reward.calibration_weight).
 
         Loss and pair accuracy (before and after) are those of the fresh `pairs`: what this step's data taught.
         Skipped, with the version kept, when there are no fresh pairs or a gradient norm is not finite (steps
@@ -256,8 +262,11 @@ class VerifyRM:
             for start in range(0, len(everything), per_micro):
                 k = len(pos[start : start + per_micro])
                 logits = self.forward(pos[start : start + per_micro] + neg[start : start + per_micro])
+                micro_loss = bradley_terry_loss(logits[:k], logits[k:])
+                if calibration_weight:
+                    micro_loss = micro_loss + calibration_weight * calibration_loss(logits[:k], logits[k:])
                 # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
-                (bradley_terry_loss(logits[:k], logits[k:]) * (k / len(everything))).backward()
+                (micro_loss * (k / len(everything))).backward()
                 margins += (logits[:k] - logits[k:]).tolist()
             if step == 0:
                 fresh_margins = torch.tensor(margins[:fresh])
