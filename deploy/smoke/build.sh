@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the CPU image (docker/cpu.Dockerfile) on a machine that reaches neither Docker Hub nor PyTorch's index: on a
+# Build the CPU image (docker/cpu.Dockerfile), and a Redis image for the smoke run (redis.Dockerfile), on a machine that reaches neither Docker Hub nor PyTorch's index: on a
 # Debian base made here (base.sh, debootstrap) and with torch from a local CPU wheel instead of the index.
 #   sudo bash deploy/smoke/build.sh /path/to/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl [TAG]
 # TORCH_WHEEL may also come from the environment; TAG defaults to cooper:0.1.0 (what docker-compose.yml runs).
@@ -36,3 +36,6 @@ secret=()
 [[ -n "${PIP_CERT:-}" ]] && secret=(--secret "id=pip_cert,src=$PIP_CERT")
 DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$repo/docker/cpu.Dockerfile" -t "$tag" "${secret[@]}" \
   --build-arg BASE_IMAGE="$base" --build-arg TORCH_WHEELS=.whl "$repo"
+# Redis from Debian's package on the same base, for compose.sh (docker-compose.yml's redis:7.4-alpine is on Docker Hub).
+DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$repo/deploy/smoke/redis.Dockerfile" -t cooper-redis:bookworm \
+  --build-arg BASE_IMAGE="$base" "$repo/deploy/smoke"

@@ -84,11 +84,15 @@ printf 'COOPER_GRPC_TOKEN=%s\nCOOPER_REDIS_PASSWORD=%s\nCOOPER_RUN_NAME=%s\nREWA
 chmod 600 "$work/smoke.env"
 dc down -v --remove-orphans >/dev/null 2>&1 || true
 
-# 3. Up: compose starts each service once those it depends on are healthy; docker's events say whether it did.
-since=$(date +%s)
+# 3. Up: compose starts each service once those it depends on are healthy; docker's events say whether it did. They
+# are recorded as they come: `docker events --since` replays only the daemon's last 256, and every health probe is
+# an exec that makes three.
+docker events --filter type=container --filter "label=com.docker.compose.project=$project" \
+  --format '{{json .}}' >"$work/events.jsonl" &
+events_pid=$!
 dc up -d 2>&1 | tail -n 3 >&2
-docker events --since "$since" --until "$(date +%s)" --filter type=container \
-  --filter "label=com.docker.compose.project=$project" --format '{{json .}}' >"$work/events.jsonl"
+sleep 1  # the orchestrator's start event
+kill "$events_pid"
 python3 "$here/compose_checks.py" order "$work/events.jsonl" "$work/docker-compose.yml" || die "start order"
 healthy=true
 say "healthy in order; the run starts"
