@@ -72,5 +72,5 @@ WORKDIR /home/cooper
 # overrides it with the service's address, Kubernetes uses its native gRPC probes instead.
 ENTRYPOINT ["tini", "--", "cooper"]
 CMD ["serve", "verifier", "--ready-file", "/tmp/cooper-ready.json"]
-HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
+HEALTHCHECK --interval=15s --timeout=15s --start-period=60s --retries=3 \
     CMD ["python", "-m", "cooper.runtime.healthcheck", "--ready-file", "/tmp/cooper-ready.json"]

@@ -48,5 +48,5 @@ WORKDIR /home/cooper
 
 ENTRYPOINT ["tini", "--", "cooper"]
 CMD ["serve", "reward", "--ready-file", "/tmp/cooper-ready.json"]
-HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+HEALTHCHECK --interval=15s --timeout=15s --start-period=600s --retries=3 \
     CMD ["python", "-m", "cooper.runtime.healthcheck", "--ready-file", "/tmp/cooper-ready.json"]

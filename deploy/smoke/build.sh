@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the CPU image (docker/cpu.Dockerfile), and a Redis image for the smoke run (redis.Dockerfile), on a machine that reaches neither Docker Hub nor PyTorch's index: on a
-# Debian base made here (base.sh, debootstrap) and with torch from a local CPU wheel instead of the index.
+# Build the CPU image (docker/cpu.Dockerfile), and a Redis image for the smoke run (redis.Dockerfile), on a machine
+# that reaches neither Docker Hub nor PyTorch's index: on a Debian base made here (base.sh, debootstrap) and with
+# torch from a local CPU wheel instead of the index.
 #   sudo bash deploy/smoke/build.sh /path/to/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl [TAG]
 # TORCH_WHEEL may also come from the environment; TAG defaults to cooper:0.1.0 (what docker-compose.yml runs).
 # Rebuilds the base only when its image is missing (COOPER_BASE_IMAGE names another one to use).
@@ -17,7 +18,8 @@ fi
 # have it built in. DOCKER names the client; else the first of `docker` and /usr/bin/docker that can.
 if [[ -z "${DOCKER:-}" ]]; then
   for client in docker /usr/bin/docker; do
-    if "$client" buildx version >/dev/null 2>&1 || [[ $("$client" version --format '{{.Client.Version}}' 2>/dev/null) == 20.* ]]; then
+    version=$("$client" version --format '{{.Client.Version}}' 2>/dev/null || true)
+    if "$client" buildx version >/dev/null 2>&1 || [[ $version == 20.* ]]; then
       DOCKER=$client && break
     fi
   done

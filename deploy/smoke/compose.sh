@@ -4,16 +4,16 @@
 # file declares, that a tiny-preset run completes in the containers with metrics and checkpoints on the volumes,
 # that the reward HTTP API answers curl on its published port, that `restart reward` mid-run is survived, and that
 # `down` then `up` resumes the run. The last line printed is one JSON object:
-#   {"built": true, "healthy": true, "steps": 12, "api": true, "restart_survived": true, "resumed": true, ...}
+#   {"built": true, "healthy": true, "steps": 30, "api": true, "restart_survived": true, "resumed": true, ...}
 #
 #   sudo bash deploy/smoke/compose.sh /path/to/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 #
 # Needs root (or the docker group), a running dockerd, docker-compose (1.29 or v2 as DOCKER_COMPOSE="docker
 # compose"), debootstrap (for the base image, once), curl, and python3 with PyYAML. Takes minutes; not part of CI.
-# Environment: STEPS (run length, default 30, the tiny preset's), CPUS (cap per Cooper container, default 1), PROJECT (compose project,
-# default cooper-smoke), KEEP=1 (leave the containers and volumes for a look; else `down -v` at the end),
-# TIMEOUT_S (each wait, default 900). Its containers talk only on the network compose creates; the one published
-# port, the reward HTTP API, is a free port on 127.0.0.1.
+# Environment: STEPS (run length, default 30, the tiny preset's), CPUS (cap per Cooper container, default 1),
+# PROJECT (compose project, default cooper-smoke), KEEP=1 (leave the containers and volumes for a look; else
+# `down -v` at the end), TIMEOUT_S (each wait, default 900). Its containers talk only on the network compose creates;
+# the one published port, the reward HTTP API, is a free port on 127.0.0.1.
 set -euo pipefail
 t0=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +29,7 @@ work=$(mktemp -d /tmp/cooper-smoke.XXXXXX)
 built=false healthy=false logged=0 api=false restart_survived=false resumed=false build_s=null error=""
 finish() {
   local rc=$?
+  [[ -n "${events_pid:-}" ]] && kill "$events_pid" 2>/dev/null
   if [[ "${KEEP:-0}" != 1 ]]; then dc down -v --remove-orphans >/dev/null 2>&1 || true; rm -rf "$work"; fi
   [[ $rc -ne 0 && -z "$error" ]] && error="exited $rc"
   printf '{"built": %s, "healthy": %s, "steps": %s, "api": %s, "restart_survived": %s, "resumed": %s, ' \
@@ -46,6 +47,7 @@ on_volume() { docker run --rm --network none -v "${project}_$1:/mnt:ro" --entryp
 metrics() { on_volume runs cat "/mnt/$run/metrics.jsonl" 2>/dev/null || true; }
 steps_logged() { metrics | grep -c '"step"' || true; }
 orchestrator() { docker inspect -f "$1" "$(dc ps -q orchestrator)"; }
+up() { dc up -d >"$work/up.log" 2>&1 || { tail -n 5 "$work/up.log" >&2; return 1; }; }
 
 # Wait until the run has logged at least $1 steps (or, with $2=exit, until the orchestrator has exited).
 wait_for() {
@@ -56,7 +58,10 @@ wait_for() {
     state=$(orchestrator '{{.State.Status}} {{.State.ExitCode}}' 2>/dev/null || echo "missing 0")
     if [[ "${2:-}" == exit && "$state" == exited* ]]; then return 0; fi
     if [[ "${2:-}" != exit && $logged -ge $1 ]]; then return 0; fi
-    if [[ "$state" == "exited "[1-9]* ]]; then dc logs --tail 40 orchestrator >&2; die "the orchestrator failed ($state)"; fi
+    if [[ "$state" == "exited "[1-9]* ]]; then
+      dc logs --tail 40 orchestrator >&2
+      die "the orchestrator failed ($state)"
+    fi
     sleep 2
   done
   dc logs --tail 40 >&2
@@ -70,7 +75,10 @@ score() {
 
 # 1. Images: the Debian base (once), the CPU image on it with the local torch wheel, and Redis.
 b0=$(date +%s)
-bash "$here/build.sh" "$wheel" cooper:0.1.0 >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; die "build failed"; }
+if ! bash "$here/build.sh" "$wheel" cooper:0.1.0 >"$work/build.log" 2>&1; then
+  tail -30 "$work/build.log" >&2
+  die "build failed"
+fi
 build_s=$(($(date +%s) - b0)) built=true
 say "images built in ${build_s}s"
 
@@ -90,9 +98,9 @@ dc down -v --remove-orphans >/dev/null 2>&1 || true
 docker events --filter type=container --filter "label=com.docker.compose.project=$project" \
   --format '{{json .}}' >"$work/events.jsonl" &
 events_pid=$!
-dc up -d 2>&1 | tail -n 3 >&2
+up || die "docker-compose up failed"
 sleep 1  # the orchestrator's start event
-kill "$events_pid"
+kill "$events_pid" && events_pid=""
 python3 "$here/compose_checks.py" order "$work/events.jsonl" "$work/docker-compose.yml" || die "start order"
 healthy=true
 say "healthy in order; the run starts"
@@ -117,15 +125,18 @@ say "reward restarted at step $before; the run went on to $logged"
 wait_for $((steps / 2 + 1))
 dc down >&2
 stopped_at=$(steps_logged)
-dc up -d 2>&1 | tail -n 1 >&2
+up || die "docker-compose up failed after down"
 wait_for "$steps" exit
-[[ $(orchestrator '{{.State.ExitCode}}') == 0 ]] || { dc logs --tail 40 orchestrator >&2; die "the resumed run failed"; }
+if [[ $(orchestrator '{{.State.ExitCode}}') != 0 ]]; then
+  dc logs --tail 40 orchestrator >&2
+  die "the resumed run failed"
+fi
 dc logs orchestrator 2>&1 | grep -q "resuming run $run" || die "the orchestrator did not resume the run after down/up"
 metrics >"$work/metrics.jsonl"
-logged=$(python3 "$here/compose_checks.py" steps "$work/metrics.jsonl" "$steps") || die "steps logged wrong after the resume"
+logged=$(python3 "$here/compose_checks.py" steps "$work/metrics.jsonl" "$steps") || die "wrong steps after the resume"
 resumed=true
 say "down at step $stopped_at, up, resumed to the end: $logged steps"
 
 # 7. What the run left on the volumes.
 on_volume checkpoints ls /mnt/policy /mnt/reward >&2 || die "no checkpoints on the checkpoints volume"
-on_volume runs ls "/mnt/$run/checkpoint.json" "/mnt/$run/plot.png" >/dev/null || die "no run checkpoint or plot on the runs volume"
+on_volume runs ls "/mnt/$run/checkpoint.json" "/mnt/$run/plot.png" >/dev/null || die "no checkpoint.json or plot.png"
