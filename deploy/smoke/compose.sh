@@ -4,22 +4,22 @@
 # file declares, that a tiny-preset run completes in the containers with metrics and checkpoints on the volumes,
 # that the reward HTTP API answers curl on its published port, that `restart reward` mid-run is survived, and that
 # `down` then `up` resumes the run. The last line printed is one JSON object:
-#   {"built": true, "healthy": true, "steps": 30, "api": true, "restart_survived": true, "resumed": true, ...}
+#   {"built": true, "healthy": true, "steps": 60, "api": true, "restart_survived": true, "resumed": true, ...}
 #
 #   sudo bash deploy/smoke/compose.sh /path/to/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 #
 # Needs root (or the docker group), a running dockerd, docker-compose (1.29 or v2 as DOCKER_COMPOSE="docker
 # compose"), debootstrap (for the base image, once), curl, and python3 with PyYAML. Takes minutes; not part of CI.
-# Environment: STEPS (run length, default 30, the tiny preset's), CPUS (cap per Cooper container, default 1),
-# PROJECT (compose project, default cooper-smoke), KEEP=1 (leave the containers and volumes for a look; else
-# `down -v` at the end), TIMEOUT_S (each wait, default 900). Its containers talk only on the network compose creates;
-# the one published port, the reward HTTP API, is a free port on 127.0.0.1.
+# Environment: STEPS (run length, default 60: long enough to restart and stop mid-run), CPUS (cap per Cooper
+# container, default 1), PROJECT (compose project, default cooper-smoke), KEEP=1 (leave the containers and volumes
+# for a look; else `down -v` at the end), TIMEOUT_S (each wait, default 900). Its containers talk only on the network
+# compose creates; the one published port, the reward HTTP API, is a free port on 127.0.0.1.
 set -euo pipefail
 t0=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 wheel=${1:-${TORCH_WHEEL:-}}
-steps=${STEPS:-30}
+steps=${STEPS:-60}
 project=${PROJECT:-cooper-smoke}
 timeout_s=${TIMEOUT_S:-900}
 run=smoke
@@ -27,6 +27,7 @@ read -r -a compose_cmd <<<"${DOCKER_COMPOSE:-docker-compose}"
 work=$(mktemp -d /tmp/cooper-smoke.XXXXXX)
 
 built=false healthy=false logged=0 api=false restart_survived=false resumed=false build_s=null error=""
+restart_at=null down_at=null
 finish() {
   local rc=$?
   [[ -n "${events_pid:-}" ]] && kill "$events_pid" 2>/dev/null
@@ -34,7 +35,8 @@ finish() {
   [[ $rc -ne 0 && -z "$error" ]] && error="exited $rc"
   printf '{"built": %s, "healthy": %s, "steps": %s, "api": %s, "restart_survived": %s, "resumed": %s, ' \
     "$built" "$healthy" "$logged" "$api" "$restart_survived" "$resumed"
-  printf '"build_seconds": %s, "seconds": %s, "error": %s}\n' "$build_s" "$(($(date +%s) - t0))" \
+  printf '"restart_at_step": %s, "down_at_step": %s, "build_seconds": %s, "seconds": %s, "error": %s}\n' \
+    "$restart_at" "$down_at" "$build_s" "$(($(date +%s) - t0))" \
     "$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1] or None))' "$error")"
 }
 trap finish EXIT
@@ -69,7 +71,9 @@ wait_for() {
 }
 
 score() {
-  curl -sf --max-time 30 "http://127.0.0.1:$port/v1/score" -H 'Content-Type: application/json' \
+  # Retried: right after a restart the port is published before the service inside listens.
+  curl -sf --max-time 30 --retry 10 --retry-delay 2 --retry-connrefused "http://127.0.0.1:$port/v1/score" \
+    -H 'Content-Type: application/json' \
     -d '{"items": [{"question": "What is 2 + 3?", "reference": "5", "completion": "2 + 3 = 5, so \\boxed{5}."}]}'
 }
 
@@ -112,19 +116,26 @@ api=true
 
 # 5. Restart the reward service mid-run: the run waits for it (retries on UNAVAILABLE) and goes on, without the
 # orchestrator failing or being restarted.
-wait_for 2
-before=$logged
+wait_for 3
+restart_at=$logged
 dc restart reward >&2
-wait_for $((before + 2))
+reward_health() { docker inspect -f '{{.State.Health.Status}}' "$(dc ps -q reward)"; }
+deadline=$(($(date +%s) + timeout_s))
+until [[ $(reward_health) == healthy ]]; do
+  (($(date +%s) < deadline)) || die "the reward service was not healthy again ${timeout_s}s after its restart"
+  sleep 2
+done
+back=$(steps_logged)
+wait_for $((back + 2))
 [[ $(orchestrator '{{.RestartCount}}') == 0 ]] || die "the orchestrator was restarted after the reward service was"
 score | grep -q '"version"' || die "the reward API did not answer after its restart"
 restart_survived=true
-say "reward restarted at step $before; the run went on to $logged"
+say "reward restarted at step $restart_at, healthy again at step $back; the run went on to $logged"
 
 # 6. down, then up: every container stops (the volumes stay), and the orchestrator resumes the run it finds.
-wait_for $((steps / 2 + 1))
 dc down >&2
-stopped_at=$(steps_logged)
+down_at=$(steps_logged)
+((down_at < steps)) || die "the run ended (step $down_at) before down; raise STEPS"
 up || die "docker-compose up failed after down"
 wait_for "$steps" exit
 if [[ $(orchestrator '{{.State.ExitCode}}') != 0 ]]; then
@@ -135,7 +146,7 @@ dc logs orchestrator 2>&1 | grep -q "resuming run $run" || die "the orchestrator
 metrics >"$work/metrics.jsonl"
 logged=$(python3 "$here/compose_checks.py" steps "$work/metrics.jsonl" "$steps") || die "wrong steps after the resume"
 resumed=true
-say "down at step $stopped_at, up, resumed to the end: $logged steps"
+say "down at step $down_at, up, resumed to the end: $logged steps"
 
 # 7. What the run left on the volumes.
 on_volume checkpoints ls /mnt/policy /mnt/reward >&2 || die "no checkpoints on the checkpoints volume"
