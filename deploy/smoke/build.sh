@@ -37,7 +37,7 @@ ln -f "$wheel" "$repo/.whl/" 2>/dev/null || cp -f "$wheel" "$repo/.whl/"
 secret=()
 [[ -n "${PIP_CERT:-}" ]] && secret=(--secret "id=pip_cert,src=$PIP_CERT")
 DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$repo/docker/cpu.Dockerfile" -t "$tag" "${secret[@]}" \
-  --build-arg BASE_IMAGE="$base" --build-arg TORCH_WHEELS=.whl "$repo"
+  --build-arg BASE_IMAGE="$base" --build-arg TORCH_FROM=wheelhouse "$repo"
 # Redis from Debian's package on the same base, for compose.sh (docker-compose.yml's redis:7.4-alpine is on Docker Hub).
 DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain -f "$repo/deploy/smoke/redis.Dockerfile" -t cooper-redis:bookworm \
   --build-arg BASE_IMAGE="$base" "$repo/deploy/smoke"

@@ -142,7 +142,8 @@ if [[ $(orchestrator '{{.State.ExitCode}}') != 0 ]]; then
   dc logs --tail 40 orchestrator >&2
   die "the resumed run failed"
 fi
-dc logs orchestrator 2>&1 | grep -q "resuming run $run" || die "the orchestrator did not resume the run after down/up"
+dc logs --no-color orchestrator >"$work/orchestrator.log" 2>&1  # to a file: grep -q would cut the pipe (pipefail)
+grep -q "resuming run $run" "$work/orchestrator.log" || die "the orchestrator did not resume the run after down/up"
 metrics >"$work/metrics.jsonl"
 logged=$(python3 "$here/compose_checks.py" steps "$work/metrics.jsonl" "$steps") || die "wrong steps after the resume"
 resumed=true
