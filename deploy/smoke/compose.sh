@@ -60,7 +60,8 @@ wait_for() {
     state=$(orchestrator '{{.State.Status}} {{.State.ExitCode}}' 2>/dev/null || echo "missing 0")
     if [[ "${2:-}" == exit && "$state" == exited* ]]; then return 0; fi
     if [[ "${2:-}" != exit && $logged -ge $1 ]]; then return 0; fi
-    if [[ "$state" == "exited "[1-9]* ]]; then
+    # A failed run exits non-zero, and compose's restart policy (on-failure) may already be starting it again.
+    if [[ "$state" == "exited "[1-9]* || "$state" == restarting* ]]; then
       dc logs --tail 40 orchestrator >&2
       die "the orchestrator failed ($state)"
     fi
