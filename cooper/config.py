@@ -321,6 +321,9 @@ class PolicyConfig(StrictModel):
     """Where checkpoints go; start-up resumes from the latest one there."""
     save_every: int = Field(default=0, ge=0)
     """Write a checkpoint every N updates; 0 only on Save()."""
+    save_on_stop: bool = True
+    """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
+    were applied since the last one, so that the service comes back at the version the run recorded."""
 
 
 class AssistantConfig(StrictModel):

@@ -79,7 +79,9 @@ def test_dockerfiles_follow_the_rules(dockerfile):
 @pytest.mark.parametrize(("old", "new", "needle"), [
     ("USER 10001:10001", "USER root", "non-root"),
     ("COPY cooper ./cooper", "COPY cooperr ./cooper", "COPY source cooperr"),
-    ("--index-url https://download.pytorch.org/whl/cpu", "", "CPU index"),
+    ("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", "ARG TORCH_INDEX_URL=https://pypi.org/simple",
+     "CPU index"),
+    ("ARG BASE_IMAGE=python:3.11-slim-bookworm", "ARG BASE_IMAGE=python:3.11-bookworm", "slim base"),
     ('"cooper.runtime.healthcheck"', '"cooper.runtime.health"', "HEALTHCHECK"),
     ("COPY requirements/cpu.txt", "COPY pyproject.toml", "lock of exact versions"),
 ])

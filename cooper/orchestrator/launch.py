@@ -91,11 +91,13 @@ def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig,
 
 def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
     """Build the tiny preset's models here, before services start, so their start-up waits on nothing (the reward
-    model too when `reward`, by default when the mode uses one)."""
+    model too when `reward`, by default when the mode uses one). A service at an address (compose, Kubernetes)
+    builds its own, in its own cache: doing it here too cost every orchestrator start a minute or more of CPU
+    for models nothing here reads."""
     from cooper.tiny.models import TINY_NAMES, resolve_model
 
-    wanted = [(config.policy.model, "causal")]
-    if reward or (reward is None and config.run.mode != "rule"):
+    wanted = [(config.policy.model, "causal")] if not config.policy.server.address else []
+    if (reward or (reward is None and config.run.mode != "rule")) and not config.reward.server.address:
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
         if name in TINY_NAMES:

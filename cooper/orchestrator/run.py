@@ -140,6 +140,8 @@ class Orchestrator:
             self.store.requeue(job_id)
             self.store.ack(message_id)
         next_step = int(state.get("logged_through", -1)) + 1
+        # Said at INFO: in a container restarted by its supervisor this line is how one sees the run continued.
+        log.info("resuming run %s at step %d of %d", self.run_id, next_step, self.config.run.steps)
         # A crash between recording a job and enqueueing what it unblocked leaves that job done and the next one
         # never queued; enqueue (idempotently) every job whose inputs are all done. A job that failed for good
         # was enqueued before (so enqueue() would skip it) and is on no queue: it is queued again.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -138,10 +139,13 @@ def dockerfile_problems(path: Path, gpu: bool) -> list[str]:
     for w, rest in steps:
         if w == "COPY" and "--from" not in rest:
             for source in exec_form(rest)[:-1]:
-                if not (ROOT / source).exists():
+                # A wildcard may match nothing (BuildKit allows it beside a source that exists): the optional
+                # wheelhouse .whl* of cpu.Dockerfile.
+                if not any(c in source for c in "*?[") and not (ROOT / source).exists():
                     problems.append(f"{path.name}: COPY source {source} does not exist")
     base = [rest for w, rest in steps if w == "FROM"][-1]
-    base = base.replace("${CUDA_IMAGE}", args.get("CUDA_IMAGE", ""))
+    # FROM ${ARG}: the argument's default, the base a plain `docker build` gets (CUDA_IMAGE, BASE_IMAGE).
+    base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), base)
     if gpu and not base.startswith("nvidia/cuda:"):
         problems.append(f"{path.name}: the GPU image must build FROM an nvidia/cuda base (got {base})")
     if not gpu and "-slim" not in base:
@@ -154,8 +158,8 @@ def dockerfile_problems(path: Path, gpu: bool) -> list[str]:
     torch = [rest for w, rest in steps if w == "RUN" and '"torch==${TORCH_VERSION}"' in rest]
     if args.get("TORCH_VERSION") != "2.13.0" or not torch:
         problems.append(f"{path.name}: torch must be installed as torch==${{TORCH_VERSION}} with TORCH_VERSION=2.13.0")
-    elif "download.pytorch.org/whl/cpu" not in torch[0]:
-        problems.append(f"{path.name}: the CPU image must take torch from the CPU index")
+    elif "download.pytorch.org/whl/cpu" not in torch[0].replace("${TORCH_INDEX_URL}", args.get("TORCH_INDEX_URL", "")):
+        problems.append(f"{path.name}: the CPU image must take torch from the CPU index (by default)")
     return problems
 
 

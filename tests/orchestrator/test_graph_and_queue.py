@@ -180,3 +180,26 @@ def test_resume_existing_finds_a_started_run_only(tmp_path):
     (tmp_path / "r1" / RESOLVED).write_text("run: {}\n")
     assert existing_run(config) == str(tmp_path / "r1")
     assert existing_run(CooperConfig.model_validate({"run": {"output_dir": str(tmp_path)}})) is None
+
+
+def test_prepare_models_builds_only_for_services_this_run_starts(monkeypatch):
+    """Under compose or Kubernetes the services build their own tiny models; the orchestrator must not (it cost
+    every orchestrator container start a minute of CPU, in a cache no service reads)."""
+    import cooper.tiny.models as tiny
+    from cooper.orchestrator.launch import prepare_models
+
+    built: list[tuple[str, str]] = []
+    monkeypatch.setattr(tiny, "resolve_model", lambda name, kind: built.append((name, kind)) or name)
+    tree = {"policy": {"model": "tiny-sft"}, "reward": {"model": "tiny-rm"}}
+    prepare_models(CooperConfig.model_validate(tree))
+    assert built == [("tiny-sft", "causal"), ("tiny-rm", "reward")]
+    built.clear()
+    prepare_models(CooperConfig.model_validate({**tree, "run": {"mode": "rule"}}))
+    assert built == [("tiny-sft", "causal")]
+    built.clear()
+    remote = {"policy": {"model": "tiny-sft", "server": {"address": "policy:50053"}},
+              "reward": {"model": "tiny-rm", "server": {"address": "reward:50052"}}}
+    prepare_models(CooperConfig.model_validate(remote))
+    assert built == []
+    prepare_models(CooperConfig.model_validate({**remote, "policy": {"model": "tiny-sft"}}))
+    assert built == [("tiny-sft", "causal")]

@@ -40,6 +40,8 @@ class Served:
         self.client.wait_ready(10)
 
     def close(self) -> None:
+        if not self.thread.is_alive():  # closed already (a test stopped it; the fixture closes every one again)
+            return
         self.client.close()
         asyncio.run_coroutine_threadsafe(self.service.stop(0), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -105,6 +107,28 @@ def test_generate_train_replay_save_and_resume(serve: Callable[[PolicyConfig], S
     assert replay.replayed and replay.version == 1 and dict(replay.metrics) == pytest.approx(dict(first.metrics))
     second = resumed.client.train("run-a", 2, reply.completions, rewards, group_size=3)
     assert second.version == 2 and not second.replayed
+
+
+def test_a_graceful_stop_saves_unsaved_updates(serve: Callable[[PolicyConfig], Served], tmp_path: Path,
+                                                make_config: Callable[..., PolicyConfig]) -> None:
+    """policy.save_on_stop: what `docker compose down` (SIGTERM) does to a service that saves only on Save()."""
+    cfg = make_config(tmp_path / "ckpt")
+    served = serve(cfg)
+    reply = served.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=4)
+    served.client.train("run-a", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
+    weights = {n: p.detach().clone() for n, p in served.core.model.named_parameters()}
+    served.close()  # service.stop(): drain, then the shutdown hook
+    resumed = serve(cfg)
+    assert resumed.core.version == 1 and resumed.core.last_key == "run-a/1"
+    assert all(torch.equal(p, weights[n]) for n, p in resumed.core.model.named_parameters())
+    resumed.close()  # no update since it loaded v1: nothing new is written
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v00000001"]
+
+    off = make_config(tmp_path / "off", save_on_stop=False)
+    served = serve(off)
+    served.client.train("run-b", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
+    served.close()
+    assert not (tmp_path / "off").exists() or not list((tmp_path / "off").iterdir())
 
 
 def test_bad_requests_are_invalid_argument(serve: Callable[[PolicyConfig], Served], tmp_path: Path,

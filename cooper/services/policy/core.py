@@ -113,6 +113,8 @@ class PolicyCore:
         self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.last_key = ""
         self.checkpoint = ""
+        self.saved_version = 0
+        """The version of the newest checkpoint written or loaded (0: the initial model, never saved)."""
         if checkpoint:
             state = read_state(checkpoint)
             self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
@@ -120,6 +122,7 @@ class PolicyCore:
             self.last_key = state.get("last_key", "")
             self.history = OrderedDict(state.get("history", {}))
             self.checkpoint = str(checkpoint)
+            self.saved_version = self.version
             log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
         self.parameters = sum(p.numel() for p in self.model.parameters())
@@ -174,12 +177,18 @@ class PolicyCore:
         with self._lock:
             return self._save(tag), self.version
 
+    def save_if_unsaved(self, tag: str) -> str | None:
+        """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
+        with self._lock:
+            return self._save(tag) if self.version != self.saved_version else None
+
     def _save(self, tag: str) -> str:
         state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
                  "model": self.cfg.model}
         path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, self.trainer.optimizer_state(),
                                state)
         self.checkpoint = str(path)
+        self.saved_version = self.version
         log.info("policy checkpoint %s (version %d)", path, self.version)
         return self.checkpoint
 

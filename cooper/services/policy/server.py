@@ -92,7 +92,13 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
         policy_pb2_grpc.add_PolicyServicer_to_server(servicer, server)
         return [policy_pb2.DESCRIPTOR.services_by_name["Policy"].full_name]
 
-    service = GrpcService("policy", config.policy.server, add, security=config.security)
+    async def save_on_stop() -> None:
+        # After the server drained its calls, so no Train runs beside it: a SIGTERM (compose down or restart, a pod
+        # rolled) then costs no update, and the restarted service is at the version the run recorded.
+        if config.policy.save_on_stop:
+            await asyncio.to_thread(core.save_if_unsaved, "stop")
+
+    service = GrpcService("policy", config.policy.server, add, on_stop=save_on_stop, security=config.security)
     service.ready_info = {"version": core.version, "engine": core.engine.name}
     return service
 
