@@ -215,13 +215,23 @@ class RankGroup:
             process.join(5)
             raise self._failure(rank, process, command)
 
-    def _dead_rank(self, wait_s: float) -> RankFailure | None:
-        """After a failed collective: the rank that died, if one did within `wait_s` (its exit may lag the error)."""
-        sentinels = {process.sentinel: (rank, process) for rank, process, _ in self.workers}
-        if wait(list(sentinels), wait_s):
-            for rank, process, _ in self.workers:
-                if not process.is_alive():
-                    return self._failure(rank, process, "the last command")
+    def _dead_rank(self, command: str, wait_s: float) -> RankFailure | None:
+        """After a failed collective: the rank that died, if one did within `wait_s` (its exit may lag the error),
+        with the error it reported before exiting, if it did."""
+        ready = wait([process.sentinel for _, process, _ in self.workers], wait_s)
+        for rank, process, conn in self.workers:
+            if process.sentinel not in ready:
+                continue
+            # The sentinel closes as the process exits, a moment before it can be reaped (and has an exit code).
+            process.join(5)
+            if conn.poll():
+                try:
+                    kind, detail = conn.recv()
+                except EOFError:
+                    kind, detail = "", ""
+                if kind == "error":
+                    return RankFailure(f"policy rank {rank} of {self.world_size} failed during {command}: {detail}")
+            return self._failure(rank, process, command)
         return None
 
     def run(self, command: str, per_rank: Sequence[tuple[Any, ...]]) -> Any:
@@ -239,9 +249,9 @@ class RankGroup:
             result = getattr(self.local, command)(*per_rank[0])
         except Exception as err:
             # A collective fails on rank 0 when a peer went away: name that rank rather than the transport error.
-            dead = self._dead_rank(5.0)
+            dead = self._dead_rank(command, 5.0)
             if dead is not None:
-                raise RankFailure(str(dead).replace("the last command", command)) from err
+                raise dead from err
             raise RankFailure(f"policy rank 0 of {self.world_size} failed during {command}: "
                               f"{type(err).__name__}: {err}") from err
         self._collect("ok", command)

@@ -100,7 +100,7 @@ class RankTrainer(GRPOTrainer):
 
     def __init__(self, model: Any, reference: Any | None, settings: LossSettings, **kwargs: Any):
         super().__init__(model, reference, settings, **kwargs)
-        self.sample_dummy = RolloutSample([self.pad_id], [self.pad_id])
+        self.dummy_sample = RolloutSample([self.pad_id], [self.pad_id])
 
     def _rank_batches(self, part: RankBatch) -> tuple[list[_Batch], list[Tensor]]:
         device = self.device
@@ -109,7 +109,7 @@ class RankTrainer(GRPOTrainer):
         advantages = [torch.tensor(part.advantages[a:b], dtype=torch.float32, device=device) for a, b in spans]
         while len(batches) < part.micro_batches:
             # A pass that contributes nothing (mask 0) but joins the other ranks' all-gathers and reduce-scatters.
-            dummy = _layout([self.sample_dummy], self.pad_id, device)
+            dummy = _layout([self.dummy_sample], self.pad_id, device)
             dummy.mask.zero_()
             batches.append(dummy)
             advantages.append(torch.zeros(1, device=device))
@@ -120,7 +120,7 @@ class RankTrainer(GRPOTrainer):
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def rank_step(self, part: RankBatch, step: bool = True) -> dict[str, float]:
+    def rank_step(self, part: RankBatch) -> dict[str, float]:
         """Collective: one update over every rank's `part`; returns the whole batch's sums (the same on all ranks)."""
         batches, advantages = self._rank_batches(part)
         local_tokens = float(sum(len(s.completion_token_ids) for s in part.samples))
@@ -160,11 +160,9 @@ class RankTrainer(GRPOTrainer):
             if isinstance(norm, DTensor):  # a partial norm per rank; the full tensor is the norm of the whole grad
                 norm = norm.full_tensor()
             norms += float(norm)
-            if step:
-                torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
-                self.optimizer.step()
-        if step:
-            self.updates += 1
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
+            self.optimizer.step()
+        self.updates += 1
         reduced = self._all_reduce([sums["loss"], sums["policy_loss"], sums["kl"], sums["clipped"],
                                     sums["entropy"], kl_seq])
         out = dict(zip(SUM_KEYS, [*reduced, total_tokens, total_samples], strict=True))
