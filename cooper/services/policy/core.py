@@ -183,12 +183,14 @@ class PolicyCore:
         fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
         self.model.load_state_dict(fresh.state_dict())
         del fresh
-        self.trainer = self._start_ranks(weights_path, checkpoint)
+        # Version and keys go back with the weights, before the ranks start: if starting them fails too, what this
+        # service reports still matches what it samples from, and the next Train tries the start again.
         if checkpoint:
             self._restore_state(checkpoint)
         else:
             self.version, self.last_key, self.history, self.checkpoint = 0, "", OrderedDict(), ""
         self.engine.sync_weights()
+        self.trainer = self._start_ranks(weights_path, checkpoint)
         return RanksRestarted(
             f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
             f"{weights_path} (version {self.version}); retry the call"

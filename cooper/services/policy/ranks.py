@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import signal
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -78,6 +79,8 @@ def _join(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device,
           ) -> RankTrainer:
     """Join the process group, shard the models onto this rank's device, load the optimizer shard."""
     cfg = spec.cfg
+    if device.type == "cuda":  # per thread: rank 0 joins on its own rank thread
+        torch.cuda.set_device(device)
     backend = cfg.distributed.backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -168,6 +171,11 @@ class RankGroup:
         self.timeout_s = spec.cfg.distributed.timeout_s
         self.workers: list[tuple[int, mp.process.BaseProcess, Connection]] = []
         self.closed = False
+        # Rank 0's share of every command runs on this one thread, never on the callers' (gRPC worker) threads:
+        # DTensor keeps a per-thread cache that holds the process group, and a thread that outlives the group
+        # would carry it into any child forked later, where freeing it deadlocks (gloo's threads are not there).
+        # This thread ends in close()/kill(), after the group, so the cache goes with it.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-rank0")
         store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=self.timeout_s))
         spec = replace(spec, store_port=store.port)
@@ -183,7 +191,7 @@ class RankGroup:
             device = rank_device(self.cfg, 0)
             models = _load_models(spec, device)
             self._collect("loaded", "start")  # a rank that fails to load fails the start here, before any collective
-            self.local = _join(spec, 0, store, device, models)
+            self.local = self._on_rank0(_join, spec, 0, store, device, models)
             self._collect("ready", "start")
         except BaseException:
             self.kill()
@@ -192,6 +200,9 @@ class RankGroup:
         log.info("policy: %d ranks ready (FSDP2, %s)", self.world_size, dist.get_backend())
 
     # --- driving --------------------------------------------------------------------------------------------
+
+    def _on_rank0(self, fn: Any, *args: Any) -> Any:
+        return self._thread.submit(fn, *args).result()
 
     def _failure(self, rank: int, process: mp.process.BaseProcess, command: str) -> RankFailure:
         return RankFailure(f"policy rank {rank} of {self.world_size} {_describe_exit(process.exitcode)} during "
@@ -246,7 +257,7 @@ class RankGroup:
             except OSError:
                 raise self._failure(rank, process, command) from None
         try:
-            result = getattr(self.local, command)(*per_rank[0])
+            result = self._on_rank0(getattr(self.local, command), *per_rank[0])
         except Exception as err:
             # A collective fails on rank 0 when a peer went away: name that rank rather than the transport error.
             dead = self._dead_rank(command, 5.0)
@@ -296,6 +307,7 @@ class RankGroup:
                 process.kill()
                 process.join(10)
         dist.destroy_process_group()
+        self._thread.shutdown(wait=True)
 
     def kill(self) -> None:
         """After a failure: kill the other ranks at once and drop the group (it cannot be used again)."""
@@ -312,3 +324,4 @@ class RankGroup:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001
                 log.debug("destroying the broken process group", exc_info=True)
+        self._thread.shutdown(wait=True)
