@@ -9,6 +9,13 @@ Rounds alternate which side goes first, so drift in machine load hits both alike
   both sample the very same tokens (weights are identical until training starts).
 - Train: seconds per GRPO update on the same rollout and rewards; both sides apply the same sequence of updates.
 Ratios are service speed / in-process speed (1.0 = no overhead). The last line is one JSON object.
+
+    python bench/policy.py --world-size 2 [--rounds 15] ...
+
+With --world-size N > 1 it compares training instead: seconds per GRPO update of a 1-rank core and an N-rank core
+(FSDP2; gloo on the CPU, each rank with --threads torch threads), both in this process, on the same rollout and
+rewards, rounds alternating. On a CPU with a tiny model the N-rank step is slower, not faster: its all-gathers and
+reduce-scatters cost more than the compute they split. The figure that matters is on GPUs with a large model.
 """
 
 from __future__ import annotations
@@ -54,8 +61,9 @@ def start_service(workdir: Path, threads: int) -> tuple[subprocess.Popen[bytes],
     return proc, f"127.0.0.1:{json.loads(ready.read_text())['grpc_port']}"
 
 
-def in_process_core(workdir: Path, threads: int) -> PolicyCore:
-    tree: dict = {"checkpoint_dir": str(workdir / "inproc-ckpt"), "torch_threads": threads}
+def in_process_core(workdir: Path, threads: int, world_size: int = 1) -> PolicyCore:
+    tree: dict = {"checkpoint_dir": str(workdir / f"inproc-ckpt-{world_size}"), "torch_threads": threads,
+                  "world_size": world_size}
     for dotted, value in OVERRIDES.items():
         node = tree
         *parents, leaf = dotted.split(".")
@@ -69,14 +77,68 @@ def digit_share(text: str) -> float:
     return sum(ch.isdigit() for ch in text) / max(1, len(text))
 
 
+def compare_world_sizes(args: argparse.Namespace) -> None:
+    """Train step time of 1 rank beside `args.world_size` ranks, in-process, on the same rollout."""
+    prompts = [p.question for p in make_split(args.prompts, 0, "bench")]
+    with tempfile.TemporaryDirectory() as tmp:
+        single = in_process_core(Path(tmp), args.threads)
+        sharded = in_process_core(Path(tmp), args.threads, args.world_size)
+        try:
+            groups, _ = single.generate(prompts, SamplingParams(n=args.n, temperature=1.0,
+                                                                max_new_tokens=args.max_new_tokens, seed=99))
+            rollout = [c for group in groups for c in group]
+            samples = [RolloutSample(c.prompt_token_ids, c.token_ids) for c in rollout]
+            rewards = [digit_share(c.text) for c in rollout]
+
+            def step(core: PolicyCore, index: int) -> float:
+                start = time.perf_counter()
+                core.train(f"bench/{index}", samples, rewards, args.n)
+                return time.perf_counter() - start
+
+            step(single, -1)  # warm-up, both sides
+            step(sharded, -1)
+            single_s, sharded_s = [], []
+            for r in range(args.rounds):
+                sides = [(single, single_s), (sharded, sharded_s)]
+                for core, out in sides if r % 2 == 0 else sides[::-1]:
+                    out.append(step(core, r))
+        finally:
+            sharded.close()
+    one, many = statistics.median(single_s), statistics.median(sharded_s)
+    result = {
+        "bench": "policy-world-size",
+        "model": "tiny",
+        "device": "cpu",
+        "backend": "gloo",
+        "world_size": args.world_size,
+        "sequences": len(samples),
+        "completion_tokens": sum(len(s.completion_token_ids) for s in samples),
+        "micro_batch_size": OVERRIDES["optim.micro_batch_size"],
+        "rounds": args.rounds,
+        "torch_threads_per_rank": args.threads,
+        "train_step_s_1_rank": round(one, 4),
+        f"train_step_s_{args.world_size}_ranks": round(many, 4),
+        "ratio": round(many / one, 3),
+    }
+    print(f"train: {one * 1000:.0f} ms/step on 1 rank, {many * 1000:.0f} ms/step on {args.world_size} ranks "
+          f"(FSDP2, gloo, CPU; medians of {args.rounds}). On a CPU with a tiny model the collectives outweigh the "
+          "split compute; the figure that matters is on GPUs.")
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads on each side")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on each side (each rank)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="above 1: compare the train step of 1 rank and of this many ranks instead")
     args = parser.parse_args()
+    if args.world_size > 1:
+        compare_world_sizes(args)
+        return
 
     prompts = [(p.id, p.question) for p in make_split(args.prompts, 0, "bench")]
     texts = [text for _, text in prompts]

@@ -288,6 +288,19 @@ class SamplingConfig(StrictModel):
     """Stop strings."""
 
 
+class PolicyDistributedConfig(StrictModel):
+    """How the policy's ranks train together when `policy.world_size` is above 1 (FSDP2, one process per rank)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend; auto = nccl on CUDA, gloo on the CPU."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Longest a collective waits for the other ranks before the update fails. A rank that dies is noticed at once
+    (its process exits); this bounds a rank that hangs."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the gradient reduce-scatter when forward passes run in bfloat16 (policy.dtype on CUDA). float32
+    keeps the sum over ranks as exact as one rank's; bfloat16 halves the traffic."""
+
+
 class PolicyConfig(StrictModel):
     """The policy: rollout engine and GRPO trainer."""
 
@@ -324,6 +337,29 @@ class PolicyConfig(StrictModel):
     save_on_stop: bool = True
     """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
     were applied since the last one, so that the service comes back at the version the run recorded."""
+    world_size: int | Literal["auto"] = 1
+    """Training ranks. 1 trains in the service process. N > 1 starts N-1 more processes beside it and trains with
+    FSDP2 across all N: each rank holds a shard of the weights and optimizer and runs forward/backward on its share
+    of the batch; generation stays on rank 0. On CUDA rank r uses cuda:r (pick the GPUs with CUDA_VISIBLE_DEVICES);
+    "auto" = one rank per visible GPU (1 without CUDA). One node only (README "Several GPUs")."""
+    distributed: PolicyDistributedConfig = Field(default_factory=PolicyDistributedConfig)
+    """Process group and mixed precision of the ranks (used when world_size > 1)."""
+
+    @field_validator("world_size")
+    @classmethod
+    def _positive_world_size(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be at least 1 or 'auto' (got {value})")
+        return value
+
+    @model_validator(mode="after")
+    def _ranks_need_a_device_family(self) -> PolicyConfig:
+        if self.world_size != 1 and self.device.startswith("cuda:"):
+            raise ValueError(
+                f"policy.device {self.device!r} names one GPU but policy.world_size is {self.world_size!r}; set "
+                "policy.device=cuda (rank r uses cuda:r) and choose the GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        return self
 
 
 class AssistantConfig(StrictModel):

@@ -128,6 +128,8 @@ def _planted_compose(tmp_path, old: str, new: str) -> dict:
     ("      policy:\n        condition: service_healthy", "      policy:\n        condition: service_started",
      "depend on policy with condition service_healthy"),
     ('"--appendonly", "yes"', '"--appendonly", "no"', "--appendonly yes"),
+    ("COOPER_POLICY__WORLD_SIZE: auto", 'COOPER_POLICY__WORLD_SIZE: "2"',
+     "policy.world_size is 2 but it gets 1 GPUs"),
 ])
 def test_compose_rules_catch_planted_errors(tmp_path, old, new, needle):
     problems = compose.rule_problems(_planted_compose(tmp_path, old, new), ROOT)
@@ -154,6 +156,18 @@ def test_compose_variables_are_interpolated_like_compose():
                                             "REWARD_GPU": "3"})
     assert loaded["services"]["verifier"]["volumes"][0].startswith("./configs/other.yaml:")
     assert loaded["services"]["reward"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["3"]
+
+
+def test_compose_runs_the_policy_on_the_gpus_in_policy_gpus():
+    four = compose.load_compose(COMPOSE, {**compose.SECRETS_ENV, "POLICY_GPUS": "0,1,2,3", "REWARD_GPU": "4",
+                                          "GENERATOR_GPU": "5"})
+    assert compose._gpu_ids(four["services"]["policy"]) == ["0", "1", "2", "3"]
+    assert compose.schema_problems(four) == [] and compose.rule_problems(four, ROOT) == []
+    policy = compose.containers(four, ROOT)["policy"]
+    assert policy.env["COOPER_POLICY__WORLD_SIZE"] == "auto"  # one rank per GPU it gets
+    assert load_config(environ=policy.env).policy.world_size == "auto"
+    default = compose.load_compose(COMPOSE)
+    assert compose._gpu_ids(default["services"]["policy"]) == ["0"]  # one GPU, one rank, unless told otherwise
 
 
 def test_compose_wires_the_token_and_the_redis_password(compose_file):
@@ -260,6 +274,10 @@ def _planted_base(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str)
      "COOPER_REDIS__URL (redis://redis:6379/0) must carry Redis's password"),
     ("redis.yaml", '${REDIS_PASSWORD:+--requirepass "$REDIS_PASSWORD"}', "", "secrets",
      "must run with --requirepass and REDIS_PASSWORD from a Secret"),
+    ("policy.yaml", "              value: auto", '              value: "2"', "rules",
+     "policy.world_size is 2 but it gets 1 GPUs"),
+    ("policy.yaml", "              nvidia.com/gpu: 1\n            limits:", "              nvidia.com/gpu: 2\n            limits:",
+     "rules", "requests 2 nvidia.com/gpu but limits 1"),
     # With TLS on, Kubernetes' grpc probes (no TLS) must go to the plaintext health port.
     ("cooper.env", "COOPER_VERIFIER__SERVER__HOST=0.0.0.0", "COOPER_VERIFIER__SERVER__HOST=0.0.0.0\n"
      "COOPER_SECURITY__TLS_CERT=/tls/tls.crt\nCOOPER_SECURITY__TLS_KEY=/tls/tls.key\nCOOPER_VERIFIER__SERVER__HEALTH_PORT=50061",
@@ -298,6 +316,25 @@ def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree
     names = lambda objs, kind: {o["metadata"]["name"] for o in objs if o["kind"] == kind}  # noqa: E731
     # A different config or token gives a different generated name, so the pods using it are rolled.
     assert names(base, "ConfigMap") != names(overlay, "ConfigMap") and names(base, "Secret") != names(overlay, "Secret")
+
+
+def test_overlay_patch_runs_the_policy_on_four_gpus(k8s_tree, tmp_path):
+    """patches/policy-gpus.yaml, added to the overlay as README "Several GPUs" says: a valid 4-GPU policy pod."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree)
+    kustomization = tree / OVERLAY / "kustomization.yaml"
+    text = kustomization.read_text()
+    assert "  - path: patches/checkpoints.yaml\n" in text
+    kustomization.write_text(text.replace("  - path: patches/checkpoints.yaml\n",
+                                          "  - path: patches/checkpoints.yaml\n  - path: patches/policy-gpus.yaml\n"))
+    objs = kustomize.build(tree / OVERLAY)
+    assert k8s.schema_problems(objs, k8s.K8S_VERSIONS[-1]) == []
+    assert k8s.rule_problems(objs) == [] and k8s.reference_problems(objs) == []
+    deployment = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "policy")
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 4
+    policy = next(c for c in k8s.containers(objs) if c.role == "policy")
+    assert policy.env["COOPER_POLICY__WORLD_SIZE"] == "auto"
 
 
 def test_overlay_without_its_token_file_names_the_example(tmp_path):

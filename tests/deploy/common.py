@@ -346,3 +346,13 @@ def config_run_problems(runs: Sequence[ConfigRun], reachable: Mapping[str, set[i
         problems += address_problems(config, origin, reachable, role)
         problems += persistence_problems(role, config, run.container)
     return problems
+
+
+def policy_rank_problems(world_size: str | None, gpus: int, where: str) -> list[str]:
+    """The policy's ranks must match its GPUs: policy.world_size auto (one rank per GPU) or exactly the count."""
+    if world_size in (None, "", "1") and gpus == 1:
+        return []
+    if world_size == "auto" or world_size == str(gpus):
+        return []
+    return [f"{where}: policy.world_size is {world_size or 'unset (1)'} but it gets {gpus} GPUs; set "
+            "COOPER_POLICY__WORLD_SIZE=auto (one rank per GPU)"]

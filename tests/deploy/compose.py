@@ -24,6 +24,7 @@ from .common import (
     env_name_problems,
     image_entrypoint,
     image_repo,
+    policy_rank_problems,
 )
 
 # compose-spec.json from github.com/compose-spec/compose-spec (schema/compose-spec.json, commit 170098ba07d9,
@@ -202,6 +203,13 @@ def _gpu_reserved(service: Mapping[str, Any]) -> bool:
     return any("gpu" in (d.get("capabilities") or []) for d in devices)
 
 
+def _gpu_ids(service: Mapping[str, Any]) -> list[str]:
+    """The GPU indexes a service reserves; an entry "0,1,2,3" is four (the daemon joins the ids with commas)."""
+    devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices") or []
+    return [i.strip() for d in devices if "gpu" in (d.get("capabilities") or [])
+            for entry in d.get("device_ids") or [] for i in str(entry).split(",") if i.strip()]
+
+
 def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
     """The deployment rules of the compose file (the schema says it is a compose file; these say it is ours)."""
     problems = []
@@ -225,6 +233,9 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
                             f"{IMAGES[image_repo(container.image)].name}")
         if _gpu_reserved(service) != (role in GPU_SERVICES):
             problems.append(f"{container.origin}: a GPU reservation is {'missing' if role in GPU_SERVICES else 'not wanted'}")
+        if role == "policy":
+            problems += policy_rank_problems(container.env.get("COOPER_POLICY__WORLD_SIZE"), len(_gpu_ids(service)),
+                                             container.origin)
         published = _published(service)
         want_published = [ports["reward"]["http"]] if role in ("reward", REPLICA) else []
         if published != want_published:

@@ -23,6 +23,7 @@ from .common import (
     env_name_problems,
     image_entrypoint,
     image_repo,
+    policy_rank_problems,
 )
 from .kustomize import pod_spec
 
@@ -306,6 +307,11 @@ def rule_problems(objs: list[Obj]) -> list[str]:
             gpus = int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0))
             if (gpus >= 1) != (role in GPU_SERVICES):
                 problems.append(f"{where}: nvidia.com/gpu limit is {gpus}; the GPU services need one, others none")
+            requested = int((c.get("resources", {}).get("requests") or {}).get("nvidia.com/gpu", gpus))
+            if requested != gpus:
+                problems.append(f"{where}: requests {requested} nvidia.com/gpu but limits {gpus}; they must be equal")
+            if role == "policy":
+                problems += policy_rank_problems(cooper[role].env.get("COOPER_POLICY__WORLD_SIZE"), gpus, where)
             if role == "orchestrator":
                 if obj["kind"] != "Job" or spec.get("restartPolicy") not in {"OnFailure", "Never"}:
                     problems.append(f"{where}: the orchestrator runs as a Job that retries failures")

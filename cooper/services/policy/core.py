@@ -11,6 +11,7 @@ nothing, also after a restart from a checkpoint.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -38,6 +39,15 @@ log = logging.getLogger("cooper.policy")
 KEY_HISTORY = 256
 
 
+class RankFailure(RuntimeError):
+    """A training rank died or failed (world_size > 1); its shard of the weights and optimizer is lost."""
+
+
+class RanksRestarted(RuntimeError):
+    """The call failed because a rank failed, and the service has started its ranks again from the latest
+    checkpoint: the update was not applied, and a retry will be. Servers answer it with UNAVAILABLE."""
+
+
 @dataclass
 class TrainResult:
     metrics: dict[str, float]
@@ -63,6 +73,26 @@ def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
     return model.to(device).eval()
 
 
+def resolve_world_size(world_size: int | str, device: torch.device) -> int:
+    """policy.world_size as a number of ranks; more ranks than devices is an error that says what to change."""
+    if world_size == "auto":
+        return torch.cuda.device_count() if device.type == "cuda" else 1
+    ranks = int(world_size)
+    if device.type == "cuda" and ranks > torch.cuda.device_count():
+        raise RuntimeError(
+            f"policy.world_size is {ranks} but {torch.cuda.device_count()} CUDA devices are visible; lower "
+            "policy.world_size (or set it to auto) or give the service more GPUs (compose: POLICY_GPUS, Kubernetes: "
+            "the pod's nvidia.com/gpu)"
+        )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if device.type == "cpu" and ranks > cores:
+        raise RuntimeError(
+            f"policy.world_size is {ranks} but only {cores} CPU cores are available to run the ranks on; lower "
+            "policy.world_size"
+        )
+    return ranks
+
+
 def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str
                  ) -> RolloutEngine:
     if cfg.engine == "vllm":
@@ -83,6 +113,7 @@ class PolicyCore:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.device = resolve_device(cfg.device, "policy.device")
+        self.world_size = resolve_world_size(cfg.world_size, self.device)
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
@@ -92,22 +123,28 @@ class PolicyCore:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = load_causal_lm(weights_path, torch.float32, self.device)
         self.reference = None
-        if cfg.grpo.kl_coef > 0 or cfg.grpo.track_kl:
-            # The frozen *initial* policy, never a checkpoint: the KL anchors the run to where it started. It has
-            # no optimizer, so it may live in the compute dtype.
-            self.reference = load_causal_lm(self.initial_path, self.autocast or torch.float32, self.device)
-            self.reference.requires_grad_(False)
-        grpo, optim = cfg.grpo, cfg.optim
-        self.trainer = GRPOTrainer(
-            self.model,
-            self.reference,
-            LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
-                         grpo.kl_clamp),
-            lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
-            grad_clip=optim.grad_clip, warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size,
-            epochs=grpo.epochs, temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps,
-            pad_id=self.tokenizer.pad_token_id, autocast_dtype=self.autocast,
-        )
+        self.trainer: Any
+        if self.world_size > 1:
+            # The ranks hold the sharded weights, optimizer and reference; `self.model` stays rank 0's full copy,
+            # which the engine samples from and checkpoints save (ranks.py).
+            self.trainer = self._start_ranks(weights_path, checkpoint)
+        else:
+            if cfg.grpo.kl_coef > 0 or cfg.grpo.track_kl:
+                # The frozen *initial* policy, never a checkpoint: the KL anchors the run to where it started. It
+                # has no optimizer, so it may live in the compute dtype.
+                self.reference = load_causal_lm(self.initial_path, self.autocast or torch.float32, self.device)
+                self.reference.requires_grad_(False)
+            grpo, optim = cfg.grpo, cfg.optim
+            self.trainer = GRPOTrainer(
+                self.model,
+                self.reference,
+                LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
+                             grpo.kl_clamp),
+                lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
+                grad_clip=optim.grad_clip, warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size,
+                epochs=grpo.epochs, temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps,
+                pad_id=self.tokenizer.pad_token_id, autocast_dtype=self.autocast,
+            )
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.version = 0
         self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -116,17 +153,58 @@ class PolicyCore:
         self.saved_version = 0
         """The version of the newest checkpoint written or loaded (0: the initial model, never saved)."""
         if checkpoint:
-            state = read_state(checkpoint)
-            self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
-            self.version = int(state["version"])
-            self.last_key = state.get("last_key", "")
-            self.history = OrderedDict(state.get("history", {}))
-            self.checkpoint = str(checkpoint)
-            self.saved_version = self.version
-            log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
+            if self.world_size == 1:  # the ranks load their shards of it themselves
+                self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
+            self._restore_state(checkpoint)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self._lock = threading.Lock()
+
+    def _restore_state(self, checkpoint: Any) -> None:
+        state = read_state(checkpoint)
+        self.version = int(state["version"])
+        self.last_key = state.get("last_key", "")
+        self.history = OrderedDict(state.get("history", {}))
+        self.checkpoint = str(checkpoint)
+        self.saved_version = self.version
+        log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
+
+    def _start_ranks(self, weights_path: str, checkpoint: Any) -> Any:
+        from cooper.services.policy.ranks import RankGroup, RankSpec
+
+        spec = RankSpec(self.cfg, self.world_size, weights_path, self.initial_path,
+                        str(checkpoint) if checkpoint else None, self.tokenizer.pad_token_id)
+        return RankGroup(spec, self.model)
+
+    def _restart_ranks(self, failure: RankFailure) -> RanksRestarted:
+        """After a rank failed: kill the group, load the latest checkpoint into rank 0's model (in place, so the
+        engine keeps its module) and start the ranks again from it. Returns the error the failed call raises."""
+        log.error("policy: %s; restarting the ranks from the latest checkpoint", failure)
+        self.trainer.kill()
+        checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
+        weights_path = str(checkpoint) if checkpoint else self.initial_path
+        fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
+        self.model.load_state_dict(fresh.state_dict())
+        del fresh
+        # Version and keys go back with the weights, before the ranks start: if starting them fails too, what this
+        # service reports still matches what it samples from, and the next Train tries the start again.
+        if checkpoint:
+            self._restore_state(checkpoint)
+        else:
+            self.version, self.last_key, self.history, self.checkpoint = 0, "", OrderedDict(), ""
+            self.saved_version = 0
+        self.engine.sync_weights()
+        self.trainer = self._start_ranks(weights_path, checkpoint)
+        return RanksRestarted(
+            f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
+            f"{weights_path} (version {self.version}); retry the call"
+        )
+
+    def close(self) -> None:
+        """Stop the other ranks (world_size > 1); nothing to do for one rank."""
+        if self.world_size > 1:
+            with self._lock:
+                self.trainer.close()
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int]:
         """`sampling.n` completions per prompt, in prompt order, and the version that sampled them."""
@@ -144,15 +222,18 @@ class PolicyCore:
             if key in self.history:
                 return TrainResult(dict(self.history[key]["metrics"]), int(self.history[key]["version"]), True)
             self._check_rollout(samples, rewards, group_size)
-            metrics = self.trainer.train_step(samples, rewards, group_size)
-            self.version += 1
-            self.engine.sync_weights()
-            self.last_key = key
-            self.history[key] = {"metrics": metrics, "version": self.version}
-            while len(self.history) > KEY_HISTORY:
-                self.history.popitem(last=False)
-            if self.cfg.save_every and self.version % self.cfg.save_every == 0:
-                self._save("")
+            try:
+                metrics = self.trainer.train_step(samples, rewards, group_size)
+                self.version += 1
+                self.engine.sync_weights()
+                self.last_key = key
+                self.history[key] = {"metrics": metrics, "version": self.version}
+                while len(self.history) > KEY_HISTORY:
+                    self.history.popitem(last=False)
+                if self.cfg.save_every and self.version % self.cfg.save_every == 0:
+                    self._save("")
+            except RankFailure as failure:  # only with world_size > 1
+                raise self._restart_ranks(failure) from failure
             return TrainResult(metrics, self.version, False)
 
     def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
@@ -175,7 +256,10 @@ class PolicyCore:
 
     def save(self, tag: str = "") -> tuple[str, int]:
         with self._lock:
-            return self._save(tag), self.version
+            try:
+                return self._save(tag), self.version
+            except RankFailure as failure:  # only with world_size > 1
+                raise self._restart_ranks(failure) from failure
 
     def save_if_unsaved(self, tag: str) -> str | None:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""

@@ -1,7 +1,9 @@
 """gRPC translation for the policy service: messages in, `PolicyCore` calls (in a worker thread), messages out.
 
-Bad requests become INVALID_ARGUMENT with the core's message; nothing else is caught, so a real failure reaches
-the caller as INTERNAL with its message rather than being dressed up.
+Bad requests become INVALID_ARGUMENT with the core's message. A call that failed because a training rank died
+(world_size > 1) becomes UNAVAILABLE: the core has already started its ranks again from the latest checkpoint, so
+the retry that clients make on UNAVAILABLE is applied. Nothing else is caught, so a real failure reaches the caller
+as INTERNAL with its message rather than being dressed up.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.server import GrpcService
-from cooper.services.policy.core import PolicyCore
+from cooper.services.policy.core import PolicyCore, RanksRestarted
 from cooper.services.policy.engine import SamplingParams
 from cooper.services.policy.trainer import RolloutSample
 
@@ -49,6 +51,9 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
             return await asyncio.to_thread(fn, *args)
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise AssertionError("unreachable") from err
+        except RanksRestarted as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
 
     async def Generate(self, request: policy_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -92,14 +97,18 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
         policy_pb2_grpc.add_PolicyServicer_to_server(servicer, server)
         return [policy_pb2.DESCRIPTOR.services_by_name["Policy"].full_name]
 
-    async def save_on_stop() -> None:
+    async def on_stop() -> None:
         # After the server drained its calls, so no Train runs beside it: a SIGTERM (compose down or restart, a pod
-        # rolled) then costs no update, and the restarted service is at the version the run recorded.
-        if config.policy.save_on_stop:
-            await asyncio.to_thread(core.save_if_unsaved, "stop")
+        # rolled) then costs no update, and the restarted service is at the version the run recorded. Then the
+        # other ranks (policy.world_size > 1) are stopped.
+        try:
+            if config.policy.save_on_stop:
+                await asyncio.to_thread(core.save_if_unsaved, "stop")
+        finally:
+            await asyncio.to_thread(core.close)
 
-    service = GrpcService("policy", config.policy.server, add, on_stop=save_on_stop, security=config.security)
-    service.ready_info = {"version": core.version, "engine": core.engine.name}
+    service = GrpcService("policy", config.policy.server, add, on_stop=on_stop, security=config.security)
+    service.ready_info = {"version": core.version, "engine": core.engine.name, "world_size": core.world_size}
     return service
 
 

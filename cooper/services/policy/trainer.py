@@ -8,7 +8,8 @@ Gradient accumulation is exact: each micro-batch's loss is its *sum* over tokens
 the whole batch, so the summed micro-batch gradients equal the gradient of one full-batch token-mean (a test
 checks 1x8 against 4x2).
 
-Left out: sequence packing, data parallelism, and minibatches within a rollout (one optimizer step per epoch).
+Left out: sequence packing and minibatches within a rollout (one optimizer step per epoch). Training across ranks
+(FSDP2) reuses this class per rank: `sharded.RankTrainer`.
 """
 
 from __future__ import annotations
