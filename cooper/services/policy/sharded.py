@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from cooper.services.policy.grpo import LossSettings, grpo_loss_sums, token_entropy, token_logprobs
+from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, _Batch, _layout, lr_at
 
 SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", "tokens", "samples")
@@ -144,17 +144,7 @@ class RankTrainer(GRPOTrainer):
         for _ in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for batch, adv, old, ref in zip(batches, advantages, old_logps, ref_logps, strict=True):
-                logits = self._forward(self.model, batch)
-                logp = token_logprobs(logits, batch.completion, self.temperature)
-                part_sums = grpo_loss_sums(logp, old, adv, batch.mask, self.settings, ref)
-                (part_sums.loss / total_tokens).backward()
-                with torch.no_grad():
-                    sums["entropy"] += float((token_entropy(logits.detach(), self.temperature) * batch.mask).sum())
-                sums["loss"] += float(part_sums.loss.detach())
-                sums["policy_loss"] += part_sums.policy_loss
-                sums["kl"] += part_sums.kl
-                sums["clipped"] += part_sums.clipped
-                del logits, logp, part_sums
+                self._backward_micro_batch(batch, old, adv, ref, total_tokens, sums)
             grads = [p.grad for p in self.params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, 2.0)
             if isinstance(norm, DTensor):  # a partial norm per rank; the full tensor is the norm of the whole grad

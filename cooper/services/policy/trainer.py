@@ -129,6 +129,21 @@ class GRPOTrainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _backward_micro_batch(self, batch: Any, old: Tensor, advantages: Tensor, ref: Tensor | None,
+                              total_tokens: int, sums: dict[str, float]) -> None:
+        """Backward of one micro-batch's share of the token-mean GRPO loss (its sums over `total_tokens`, the count
+        of the whole batch, on every rank), adding its loss terms and entropy to `sums`."""
+        logits = self._forward(self.model, batch)
+        logp = token_logprobs(logits, batch.completion, self.temperature)
+        part = grpo_loss_sums(logp, old, advantages, batch.mask, self.settings, ref)
+        (part.loss / total_tokens).backward()
+        with torch.no_grad():
+            sums["entropy"] += float((token_entropy(logits.detach(), self.temperature) * batch.mask).sum())
+        sums["loss"] += float(part.loss.detach())
+        sums["policy_loss"] += part.policy_loss
+        sums["kl"] += part.kl
+        sums["clipped"] += part.clipped
+
     def _forward(self, model: Any, batch: _Batch) -> Tensor:
         """[B, C, V] logits that predict the completion tokens."""
         with self._autocast():
@@ -203,17 +218,7 @@ class GRPOTrainer:
         for _ in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for (a, b), batch, old, ref in zip(spans, batches, old_logps, ref_logps, strict=True):
-                logits = self._forward(self.model, batch)
-                logp = token_logprobs(logits, batch.completion, self.temperature)
-                part = grpo_loss_sums(logp, old, advantages[a:b].to(device), batch.mask, self.settings, ref)
-                (part.loss / total_tokens).backward()
-                with torch.no_grad():
-                    sums["entropy"] += float((token_entropy(logits.detach(), self.temperature) * batch.mask).sum())
-                sums["loss"] += float(part.loss.detach())
-                sums["policy_loss"] += part.policy_loss
-                sums["kl"] += part.kl
-                sums["clipped"] += part.clipped
-                del logits, logp, part
+                self._backward_micro_batch(batch, old, advantages[a:b].to(device), ref, total_tokens, sums)
             # Total norm before clipping: the number that says how large the raw update wanted to be.
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip if step else math.inf)
             sums["grad_norm"] += float(norm)
