@@ -147,6 +147,8 @@ def test_a_replica_that_cannot_load_the_new_checkpoint_goes_stale_then_recovers(
         assert "cooper_reward_replica_stale 1.0" in metrics
         assert 'cooper_reward_replica_loads_total{outcome="failed"}' in metrics
 
+        # Each replica polls on its own, so the serving one may notice the lag a poll after the refusing one.
+        wait_for(lambda: httpx.get(f"{url['serve']}/v1/model").json()["stale"], 10, "serve replica stale")
         served = httpx.post(f"{url['serve']}/v1/score", json=body(items))  # on_stale=serve: answers, flagged
         assert served.status_code == 200 and served.json()["version"] == 1
         assert "1 behind the trainer's 2" in served.headers["x-cooper-stale"]
