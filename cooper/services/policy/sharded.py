@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, _Batch, _layout, lr_at
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, _Batch, _layout, lr_at, per_token_metrics
 
 SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", "tokens", "samples")
 
@@ -202,13 +202,8 @@ class RankTrainer(GRPOTrainer):
 
 def metrics_from_sums(sums: dict[str, float], rewards: Sequence[float], epochs: int) -> dict[str, float]:
     """The single-rank trainer's metrics (`GRPOTrainer._run_epochs`) from the all-reduced sums."""
-    per_token = epochs * sums["tokens"]
     metrics = {
-        "loss": sums["loss"] / per_token,
-        "policy_loss": sums["policy_loss"] / per_token,
-        "kl": sums["kl"] / per_token,
-        "clip_fraction": sums["clipped"] / per_token,
-        "entropy": sums["entropy"] / per_token,
+        **per_token_metrics(sums, epochs * sums["tokens"]),
         "grad_norm": sums["grad_norm"],
         "response_length": sums["tokens"] / sums["samples"],
         "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),

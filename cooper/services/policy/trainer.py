@@ -26,6 +26,13 @@ from torch import Tensor
 from cooper.services.policy.grpo import LossSettings, group_advantages, grpo_loss_sums, token_entropy, token_logprobs
 
 
+def per_token_metrics(sums: dict[str, float], per_token: float) -> dict[str, float]:
+    """Loss terms and entropy summed over tokens (and epochs) -> their token means, as reported per update."""
+    return {"loss": sums["loss"] / per_token, "policy_loss": sums["policy_loss"] / per_token,
+            "kl": sums["kl"] / per_token, "clip_fraction": sums["clipped"] / per_token,
+            "entropy": sums["entropy"] / per_token}
+
+
 @dataclass
 class RolloutSample:
     """One completion to learn from: the prompt as the engine tokenized it and the sampled tokens."""
@@ -224,13 +231,8 @@ class GRPOTrainer:
             sums["grad_norm"] += float(norm)
             if step:
                 self.optimizer.step()
-        per_token = self.epochs * total_tokens
         metrics = {
-            "loss": sums["loss"] / per_token,
-            "policy_loss": sums["policy_loss"] / per_token,
-            "kl": sums["kl"] / per_token,
-            "clip_fraction": sums["clipped"] / per_token,
-            "entropy": sums["entropy"] / per_token,
+            **per_token_metrics(sums, self.epochs * total_tokens),
             "grad_norm": sums["grad_norm"] / self.epochs,
             "response_length": total_tokens / len(samples),
             "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
