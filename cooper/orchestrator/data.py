@@ -72,7 +72,7 @@ def load_data(config: CooperConfig) -> tuple[list[Example], dict[str, list[Examp
     """(training rows, {benchmark: test rows}) as the config says."""
     data = config.data
     if data.preset == "tiny":
-        return tiny_splits(config.run.seed)
+        return tiny_splits(config.run.seed, test_size=data.tiny_test_size)
     assert data.train_path is not None  # the config validator guarantees it
     return read_rows(data.train_path), {name: read_rows(path, name) for name, path in data.test_paths.items()}
 

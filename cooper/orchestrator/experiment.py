@@ -35,6 +35,7 @@ from cooper.orchestrator.figures import (
 )
 from cooper.orchestrator.outputs import read_metrics
 from cooper.orchestrator.reproduction import judge, results_table, summarize
+from cooper.runtime.processes import die_with_parent
 
 MODES = ("rule", "static", "cooper")
 PANELS = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy"),
@@ -140,10 +141,16 @@ def _write_config(config: CooperConfig, path: Path) -> Path:
 
 
 def _start_run(config_path: Path, mode: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
-            f"run.mode={mode}", f"run.seed={seed}", f"run.name={run_name}"]
+    return _start_child([sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
+                         f"run.mode={mode}", f"run.seed={seed}", f"run.name={run_name}"], log_path)
+
+
+def _start_child(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """A run's process, logging to log_path. It gets SIGTERM when the experiment dies, even by SIGTERM or SIGKILL,
+    which skip the `finally` that stops the runs: otherwise it would train on, orphaned, for the rest of its steps.
+    It stays in the experiment's process group, so Ctrl-C reaches it too and it stops its services gracefully."""
     with log_path.open("w") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
 
 def run_all(config: CooperConfig, jobs: Sequence[tuple[str, int]], name: str, out: Path, parallel: int,

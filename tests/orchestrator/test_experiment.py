@@ -2,6 +2,8 @@
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from cooper.orchestrator.experiment import accuracy_points, compare_plot, compare_table
 
@@ -71,3 +73,24 @@ def test_overoptimization_and_health_plots(tmp_path):
     for path in (overoptimization_plot({"static": seeds}, tmp_path / "o.png", curve),
                  rm_health_plot({"static": seeds}, tmp_path / "h.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
+
+
+def test_a_run_dies_with_a_killed_experiment(tmp_path):
+    # SIGKILL (or SIGTERM) skips the experiment's own clean-up; its runs must not train on, orphaned.
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from cooper.orchestrator.experiment import _start_child\n"
+        f"child = _start_child(['sleep', '120'], Path({str(tmp_path / 'run.log')!r}))\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    child_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child_pid}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{child_pid}/stat").read_text().split()[2] if Path(f"/proc/{child_pid}").exists() else ""
+        if state == "Z":  # dead, waiting for its new parent to reap it
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child_pid}").exists() or state == "Z"

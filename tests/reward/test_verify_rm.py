@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
+from dataclasses import replace
 
 import torch
 from reward_testkit import tiny_items, tiny_pairs
 
 from cooper.config import OptimConfig
+from cooper.services.reward.items import UpdateStats
 from cooper.services.reward.verify_rm import (
     LabelledTriple,
     ScoreItem,
@@ -155,6 +158,49 @@ def test_replay_adds_to_the_gradient_but_not_to_the_reported_loss(tiny_rm_dir: s
     assert abs(stats.loss - fresh_only.loss) < 1e-5
     assert stats.pair_accuracy_before == fresh_only.pair_accuracy_before
     assert stats.version == 1
+
+
+def test_sampled_replay_trains_on_the_fresh_pairs_and_a_draw_of_the_replay(tiny_rm_dir: str) -> None:
+    fresh, replay = tiny_pairs(2), tiny_pairs(5, seed=1)
+    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=4), device="cpu")
+    initial = {name: value.clone() for name, value in rm.model.state_dict().items()}
+
+    def update(pairs: list, replay: list = [], sample: int = 0) -> UpdateStats:  # noqa: B006
+        # From the same weights and version each time; the first step's gradient depends on nothing else.
+        rm.model.load_state_dict(initial)
+        rm.version = 0
+        return rm.update(pairs, replay, optimizer_steps=1, replay_sample=sample)
+
+    stats = update(fresh, replay, sample=2)
+    # The same version draws the same replayed pairs, so a restarted service trains the same step ...
+    assert update(fresh, replay, sample=2).grad_norm == stats.grad_norm
+    # ... which is the full-batch step over the fresh pairs and exactly one set of two replayed pairs.
+    matches = [subset for subset in itertools.combinations(replay, 2)
+               if abs(update(fresh + list(subset)).grad_norm - stats.grad_norm) < 1e-5]
+    assert len(matches) == 1
+    assert abs(update(fresh, replay).grad_norm - stats.grad_norm) > 1e-4
+    # The reported loss is still the fresh pairs' alone.
+    assert abs(stats.loss - update(fresh).loss) < 1e-5
+
+
+def test_a_shared_positive_is_forwarded_once_with_the_same_gradient(tiny_rm_dir: str) -> None:
+    # Three pairs of one group share their positive; the deduplicated pass must train exactly like three copies.
+    pair = tiny_pairs(1)[0]
+    pairs = [pair, replace(pair, negative=pair.negative + " 1"), replace(pair, negative=pair.negative + " 2")]
+    counting, reference = (VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=8), device="cpu")
+                           for _ in range(2))
+    forwarded: list[int] = []
+    original = counting.forward
+    counting.forward = lambda ids: forwarded.append(len(ids)) or original(ids)  # type: ignore[method-assign]
+    stats = counting.update(pairs, calibration_weight=1.0)
+    assert forwarded[0] == 4  # one positive and three negatives, not six texts
+    # The gradient of the same loss over six separately forwarded texts.
+    texts = [pair.positive] * 3 + [p.negative for p in pairs]
+    logits = reference.forward(reference.encode([ScoreItem(pair.question, pair.reference, t) for t in texts]))
+    loss = bradley_terry_loss(logits[:3], logits[3:]) + calibration_loss(logits[:3], logits[3:])
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(list(reference.model.parameters()), float("inf"))
+    assert abs(stats.grad_norm - float(norm)) < 1e-5 * max(1.0, float(norm))
 
 
 def test_several_optimizer_steps_are_one_version(tiny_rm_dir: str) -> None:

@@ -119,7 +119,8 @@ class RewardCore:
         if key is not None and key in self._results:
             return replace(self._results[key], replayed=True)
         replay = [pair for update in self._replay for pair in update]
-        result = self.rm.update(list(pairs), replay, self.config.update_steps, self.config.calibration_weight)
+        result = self.rm.update(list(pairs), replay, self.config.update_steps, self.config.calibration_weight,
+                                self.config.replay_sample)
         if not result.skipped:
             self._replay.append(list(pairs))
         self.updates += 1

@@ -239,10 +239,12 @@ class VerifyRM:
     # ----- training -----
 
     def update(self, pairs: Sequence[PreferencePair], replay: Sequence[PreferencePair] = (),
-               optimizer_steps: int = 1, calibration_weight: float = 0.0) -> UpdateStats:
+               optimizer_steps: int = 1, calibration_weight: float = 0.0, replay_sample: int = 0) -> UpdateStats:
         """`optimizer_steps` AdamW steps on the Bradley-Terry loss over `pairs` plus `replay` (earlier updates'
         pairs), each over all of them (micro-batches, accumulated gradients); the version rises by one. With
-        `calibration_weight` w > 0 the loss is BT + w * calibration_loss (reward.calibration_weight).
+        `calibration_weight` w > 0 the loss is BT + w * calibration_loss (reward.calibration_weight). With
+        `replay_sample` k > 0 each step takes all fresh pairs and k replayed ones drawn without replacement
+        (reward.replay_sample), from a generator seeded by the version, so a restarted service draws the same.
 
         Loss and pair accuracy (before and after) are those of the fresh `pairs`: what this step's data taught.
         Skipped, with the version kept, when there are no fresh pairs or a gradient norm is not finite (steps
@@ -254,20 +256,26 @@ class VerifyRM:
         fresh = len(pairs)
         pos = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in everything])
         neg = self.encode([ScoreItem(p.question, p.reference, p.negative) for p in everything])
+        draw = random.Random(self.version)
         per_micro = max(1, self.optim_config.micro_batch_size // 2)  # a pair is two sequences
         loss = before = grad_norm = 0.0
         for step in range(optimizer_steps):
+            rows = list(range(fresh))
+            if replay_sample and len(everything) - fresh > replay_sample:
+                rows += sorted(draw.sample(range(fresh, len(everything)), replay_sample))
+            else:
+                rows += range(fresh, len(everything))
             self.optimizer.zero_grad(set_to_none=True)
             margins: list[float] = []
-            for start in range(0, len(everything), per_micro):
-                k = len(pos[start : start + per_micro])
-                logits = self.forward(pos[start : start + per_micro] + neg[start : start + per_micro])
-                micro_loss = bradley_terry_loss(logits[:k], logits[k:])
+            for start in range(0, len(rows), per_micro):
+                micro = rows[start : start + per_micro]
+                positive_logits, negative_logits = self._pair_logits([pos[r] for r in micro], [neg[r] for r in micro])
+                micro_loss = bradley_terry_loss(positive_logits, negative_logits)
                 if calibration_weight:
-                    micro_loss = micro_loss + calibration_weight * calibration_loss(logits[:k], logits[k:])
+                    micro_loss = micro_loss + calibration_weight * calibration_loss(positive_logits, negative_logits)
                 # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
-                (micro_loss * (k / len(everything))).backward()
-                margins += (logits[:k] - logits[k:]).tolist()
+                (micro_loss * (len(micro) / len(rows))).backward()
+                margins += (positive_logits - negative_logits).tolist()
             if step == 0:
                 fresh_margins = torch.tensor(margins[:fresh])
                 loss = float(torch.nn.functional.softplus(-fresh_margins).mean())
@@ -282,6 +290,14 @@ class VerifyRM:
         after_logits = self.logits(pos[:fresh] + neg[:fresh])
         after = pair_accuracy(after_logits[:fresh], after_logits[fresh:])
         return UpdateStats(loss, grad_norm, before, after, self.version, skipped=False)
+
+    def _pair_logits(self, positives: list[list[int]], negatives: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (with autograd) of a micro-batch's positives and negatives, each distinct text forwarded once: the
+        pairs of a group share its positive, so about a third of the texts of a micro-batch are repeats."""
+        distinct: dict[tuple[int, ...], int] = {}
+        index = [distinct.setdefault(tuple(ids), len(distinct)) for ids in positives + negatives]
+        logits = self.forward([list(ids) for ids in distinct])[torch.tensor(index, device=self.device)]
+        return logits[: len(positives)], logits[len(positives) :]
 
     def _clip_and_step(self) -> float | None:
         """Clip and step; None (and no step) when the total gradient norm is not finite."""
