@@ -16,11 +16,12 @@ Fairness on a small, shared machine: every server gets the same torch thread cou
 client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
 driven for --seconds and stopped (an idle server polls and would slow the next one: LitServe's processes take about
 a tenth of a core each when idle). Rounds rotate the order, and medians over rounds are reported. Between servers, with
-none running, the bench measures the bare model itself: its items/s on batches of 16 and of 32 (tokenized
-beforehand, same thread count), the rate a server would reach if HTTP, tokenizing and the client cost nothing and
-the model never waited. "ceiling" is the better of the two (32 clients cannot fill a larger batch). It is measured
-in a quiet process, so it is an upper bound: busy work on one vCPU of a 2-vCPU machine (the serving, the client)
-slows forward passes on the other by 1.3-1.8x.
+none running, the bench measures the bare model itself: its items/s on batches of 8, 16, 24 and 32 (tokenized
+beforehand, same thread count, --ceiling-seconds each), the rate a server would reach if HTTP, tokenizing and the
+client cost nothing and the model never waited. "ceiling" is the best of them over all rounds (32 clients cannot
+fill a larger batch; noise from the machine's neighbours only ever lowers a rate, so the best reading is the one
+nearest the model's own). It is measured in a quiet process, so it is an upper bound: on a machine whose vCPUs are
+SMT siblings, busy work on one (the serving, the client) slows forward passes on the other by 1.3-1.8x.
 
 Scores: in the first round each server also scores the first --check-items items (through its batching, as under
 load); the largest score and logit differences from the service's are reported, and "scores_match" says whether all
@@ -33,6 +34,14 @@ ratio, never left out silently.
 
 The client is a minimal asyncio HTTP/1.1 client on keep-alive connections: on a small machine a heavy client library
 would take the CPU that the servers need and flatten the differences it is meant to measure.
+
+CPU: over each timed window the bench reads the CPU time of every process of the server (it and what it started)
+and of its own process (the client): per server "cpu_ms_per_item" (all its processes, median over rounds) and
+"process_cores" (cores used by each process, busiest first, in the round of median items/s). A process near 1.0 is
+the bottleneck; for the service the first is normally the model process and the second the HTTP front.
+"physical_cores" < "cpu_count" means the vCPUs are SMT siblings: there the front's and the client's CPU slow the
+model's forward passes, and "ceiling_fraction" falls (0.64-0.75 measured on such a host, 0.85-0.95 on two real
+cores; README, section Benchmarks).
 
 Printed: a table, then last one JSON line: per server items/s and p50/p99 request latency (ms), medians over rounds;
 "ratio_vs_<server>" = service items/s / that server's; "ratio_vs_best_peer" against the fastest peer that ran;
@@ -59,6 +68,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -67,6 +78,7 @@ PEERS = ("mosec", "litserve")
 PEER_MODULES = {"mosec": "mosec", "litserve": "litserve"}
 PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
 SCORE_TOLERANCE = 1e-4
+CEILING_BATCH_SIZES = (8, 16, 24, 32)
 
 
 def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -161,9 +173,9 @@ def histogram(metrics: str, name: str) -> tuple[float, float]:
 
 
 async def drive(port: int, path: str, items: list[dict[str, str]], clients: int, warmup: int, seconds: float,
-                check_items: int, with_metrics: bool) -> dict:
+                check_items: int, with_metrics: bool, cpu: "CpuMeter") -> dict:
     """Warm up, score the first `check_items` items once (for the score check), then `clients` connections send one
-    item per request, cycling through `items`, for `seconds`."""
+    item per request, cycling through `items`, for `seconds`; `cpu` reads the server's CPU time over that window."""
     connections = [await Connection.open("127.0.0.1", port) for _ in range(clients)]
 
     async def score(connection: Connection, index: int) -> dict:
@@ -185,6 +197,7 @@ async def drive(port: int, path: str, items: list[dict[str, str]], clients: int,
     metrics_before = (await connections[0].request("GET", "/metrics")).decode() if with_metrics else ""
     cursor = itertools.count()
     latencies: list[float] = []
+    cpu_before = cpu.read()
     start = time.perf_counter()
     deadline = start + seconds
 
@@ -196,19 +209,56 @@ async def drive(port: int, path: str, items: list[dict[str, str]], clients: int,
 
     await asyncio.gather(*(worker(c) for c in connections))
     wall = time.perf_counter() - start
-    mean_batch = None
+    cpu_used = cpu.used_since(cpu_before)
+    mean_batch = forward_items_per_s = None
     if with_metrics:
         metrics = (await connections[0].request("GET", "/metrics")).decode()
-        (sum0, count0), (sum1, count1) = (histogram(m, "cooper_reward_batch_items") for m in (metrics_before, metrics))
-        mean_batch = (sum1 - sum0) / max(1.0, count1 - count0)
+        (items0, batches0), (items1, batches1) = (histogram(m, "cooper_reward_batch_items")
+                                                  for m in (metrics_before, metrics))
+        (forward0, _), (forward1, _) = (histogram(m, "cooper_reward_model_seconds") for m in (metrics_before, metrics))
+        mean_batch = (items1 - items0) / max(1.0, batches1 - batches0)
+        forward_items_per_s = (items1 - items0) / max(1e-9, forward1 - forward0)
     for c in connections:
         c.close()
     latencies.sort()
     return {
         "items_per_s": len(latencies) / wall, "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "checked": checked, "mean_batch": mean_batch,
+        "checked": checked, "mean_batch": mean_batch, "forward_items_per_s": forward_items_per_s,
+        "cpu_ms_per_item": 1000 * (sum(cpu_used["server"]) / max(1, len(latencies))),
+        "process_cores": sorted((seconds / wall for seconds in cpu_used["server"]), reverse=True),
+        "client_cores": cpu_used["client"] / wall,
     }
+
+
+class CpuMeter:
+    """CPU seconds (user + system) of a server's processes, the server and everything it started, and of this
+    process (the client). A server's processes show where its CPU goes: one near a whole core is the bottleneck."""
+
+    def __init__(self, server_pid: int):
+        self.server = psutil.Process(server_pid)
+        self.client = psutil.Process()
+
+    @staticmethod
+    def _seconds(process: psutil.Process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    def read(self) -> dict:
+        server = {}
+        for process in [self.server, *self.server.children(recursive=True)]:
+            try:
+                server[process.pid] = self._seconds(process)
+            except psutil.NoSuchProcess:
+                continue
+        return {"server": server, "client": self._seconds(self.client)}
+
+    def used_since(self, before: dict) -> dict:
+        """Per server process (started before the window), its CPU seconds since `before`; the client's."""
+        now = self.read()
+        return {"server": [seconds - before["server"][pid] for pid, seconds in now["server"].items()
+                           if pid in before["server"]],
+                "client": now["client"] - before["client"]}
 
 
 # ----- the bare model -----
@@ -227,14 +277,15 @@ class BareModel:
         self.rm = VerifyRM.load(model_dir, OptimConfig(), device=device, dtype="float32")
         self.tokens = self.rm.encode([ScoreItem(**item) for item in items])
 
-    def items_per_s(self, batch_size: int, min_seconds: float = 1.0) -> float:
-        """Passes of `batch_size` rows in the order the items come (as a server's batches do), for `min_seconds`."""
+    def items_per_s(self, batch_size: int, seconds: float) -> float:
+        """Passes of `batch_size` rows in the order the items come (as a server's batches do), for `seconds`."""
+        starts = itertools.cycle(range(0, len(self.tokens) - batch_size + 1, batch_size))
         rows = 0
         start = time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < min_seconds:
-            for first in range(0, len(self.tokens) - batch_size + 1, batch_size):
-                self.rm.logits(self.tokens[first : first + batch_size], batch_size)
-                rows += batch_size
+        while (elapsed := time.perf_counter() - start) < seconds:
+            first = next(starts)
+            self.rm.logits(self.tokens[first : first + batch_size], batch_size)
+            rows += batch_size
         return rows / elapsed
 
 
@@ -320,7 +371,7 @@ def run_server(name: str, args: argparse.Namespace, pythons: dict[str, str], env
     try:
         asyncio.run(wait_ready(port, route(name), items[0], process, name))
         return asyncio.run(drive(port, route(name), items, args.clients, args.warmup, args.seconds, check_items,
-                                 with_metrics=name in ("service", "baseline")))
+                                 with_metrics=name in ("service", "baseline"), cpu=CpuMeter(process.pid)))
     finally:
         stop(process)
 
@@ -360,6 +411,8 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=2000, help="distinct items the clients cycle through")
     parser.add_argument("--check-items", type=int, default=256, help="items whose scores are compared across servers")
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--ceiling-seconds", type=float, default=2.0,
+                        help="time the bare model runs at each batch size, each round")
     parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed run")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads of every server (OMP_NUM_THREADS); one is fastest on small CPUs")
@@ -397,11 +450,11 @@ def main() -> None:
     items = make_items(args.items)
     bare = BareModel(model_dir, items, args.threads, args.device)
     runs: dict[str, list[dict]] = {n: [] for n in running}
-    ceilings: dict[int, list[float]] = {16: [], 32: []}
+    ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
         for round_index in range(args.rounds):
             for batch_size in ceilings:  # no server runs now: a quiet process
-                ceilings[batch_size].append(bare.items_per_s(batch_size))
+                ceilings[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds))
             shift = round_index % len(running)
             for name in running[shift:] + running[:shift]:
                 result = run_server(name, args, pythons, env, tmp, items, args.check_items if round_index == 0 else 0)
@@ -412,7 +465,11 @@ def main() -> None:
     def median_of(name: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[name])
 
-    ceiling = {size: statistics.median(rates) for size, rates in ceilings.items()}
+    def median_run(name: str) -> dict:
+        by_rate = sorted(runs[name], key=lambda run: run["items_per_s"])
+        return by_rate[(len(by_rate) - 1) // 2]
+
+    ceiling = {size: max(rates) for size, rates in ceilings.items()}
     best_ceiling = max(ceiling.values())
     service_rate = median_of("service", "items_per_s")
     reference = runs["service"][0]["checked"]
@@ -426,6 +483,10 @@ def main() -> None:
             "available": True, "items_per_s": round(median_of(name, "items_per_s"), 1),
             "p50_ms": round(median_of(name, "p50_ms"), 2), "p99_ms": round(median_of(name, "p99_ms"), 2),
             "items_per_s_per_round": [round(run["items_per_s"], 1) for run in runs[name]],
+            "cpu_ms_per_item": round(median_of(name, "cpu_ms_per_item"), 3),
+            # From the round of median items/s: the cores each of the server's processes used, busiest first.
+            "process_cores": [round(x, 2) for x in median_run(name)["process_cores"]],
+            "client_cores": round(median_run(name)["client_cores"], 2),
             "max_score_diff": max(abs(a["score"] - b["score"]) for a, b in zip(checked, reference, strict=True)),
             "max_logit_diff": max(abs(a["logit"] - b["logit"]) for a, b in zip(checked, reference, strict=True)),
         }
@@ -437,10 +498,11 @@ def main() -> None:
     result = {
         "bench": "reward_http", "model": args.model, "clients": args.clients, "items_per_request": 1,
         "seconds": args.seconds, "rounds": args.rounds, "threads": args.threads, "device": args.device,
-        "service_loop": args.loop, "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "service_loop": args.loop, "cpu_count": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False), "load_avg_1m": round(os.getloadavg()[0], 2),
         "servers": servers,
         "ceiling_items_per_s": round(best_ceiling, 1),
-        "ceiling_items_per_s_batch16": round(ceiling[16], 1), "ceiling_items_per_s_batch32": round(ceiling[32], 1),
+        "ceiling_items_per_s_by_batch": {size: round(rate, 1) for size, rate in ceiling.items()},
         **ratios,
         "best_peer": best_peer,
         "ratio_vs_best_peer": round(service_rate / servers[best_peer]["items_per_s"], 2) if best_peer else None,
@@ -448,6 +510,10 @@ def main() -> None:
             f"{p}: {missing.get(p, 'not in --servers')}" for p in PEERS),
         "ceiling_fraction": round(service_rate / best_ceiling, 2),
         "service_mean_batch": round(statistics.median(run["mean_batch"] for run in runs["service"]), 1),
+        # Items per second of forward passes inside the service's model process, while it served: how the model
+        # itself ran there, against the ceiling's quiet process (the rest of the gap is time the model waited).
+        "service_forward_items_per_s": round(
+            statistics.median(run["forward_items_per_s"] for run in runs["service"]), 1),
         "scores_match": scores_match, "score_tolerance": SCORE_TOLERANCE,
     }
     if "baseline" in runs:

@@ -228,6 +228,33 @@ def exploit_report(config: CooperConfig, final_runs: Mapping[str, Path], samples
     return "\n".join(lines)
 
 
+def provenance(config: CooperConfig) -> dict[str, Any]:
+    """What an experiment's numbers depend on beyond its config: digests of the initial models' weights, and the
+    torch build and CPU kernels that ran them. On one machine a tiny-model build and a run are bit-reproducible; on
+    another CPU (other SIMD kernels, other float rounding) the built models and every number differ
+    (docs/experiments.md), so two results.json compare only where these match."""
+    import hashlib
+    import platform
+
+    import torch
+
+    from cooper.tiny.models import resolve_model
+
+    def digest(model: str, kind: str) -> str:
+        weights = sorted(Path(resolve_model(model, kind)).glob("*.safetensors"))
+        if not weights:
+            return ""  # a hub id: its revision, not a local file, names it
+        sha = hashlib.sha256()
+        for path in weights:
+            sha.update(path.read_bytes())
+        return sha.hexdigest()[:16]
+
+    return {"policy_weights": digest(config.policy.model, "causal"),
+            "reward_weights": digest(config.reward.model, "reward"),
+            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count()}
+
+
 def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: Sequence[int] | None = None,
                    parallel: int = 1, best_of_n_samples: int = 32, progress: bool = True) -> tuple[Path, dict[str, Any]]:
     """Run every mode for every seed; write the comparison and the reproduction verdict; return its directory and
@@ -262,7 +289,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
             if start is not None:
                 summaries.append(summarize(mode, seed, recs, f"test/{benchmark}", float(start)))
     verdict = {**judge(summaries), "seeds": seeds, "modes": list(modes), "benchmark": benchmark,
-               "seconds": round(time.monotonic() - started, 1),
+               "seconds": round(time.monotonic() - started, 1), "provenance": provenance(config),
                "run_dirs": {f"{m}-s{s}": str(p) for (m, s), p in run_dirs.items()}}
     (out / "results.json").write_text(json.dumps(verdict, indent=2))
     table = results_table(summaries)

@@ -236,7 +236,7 @@ def run_service(
         gc.collect()
         gc.freeze()
         if ready_file:
-            service.write_ready_file(ready_file)
+            service.write_ready_file(ready_file, gc_frozen_objects=gc.get_freeze_count())
         await service.wait_for_signal()
         return 0 if service.failure is None else 1
 

@@ -94,3 +94,20 @@ def test_a_run_dies_with_a_killed_experiment(tmp_path):
             break
         time.sleep(0.05)
     assert not Path(f"/proc/{child_pid}").exists() or state == "Z"
+
+
+def test_results_name_the_initial_models_and_the_cpu_kernels():
+    import hashlib
+
+    from cooper.config import load_config
+    from cooper.orchestrator.experiment import provenance
+    from cooper.tiny.models import resolve_model
+
+    config = load_config(None, ["policy.model=tiny", "reward.model=tiny"])
+    found = provenance(config)
+    weights = Path(resolve_model("tiny", "causal")) / "model.safetensors"
+    assert found["policy_weights"] == hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    assert found["reward_weights"] not in ("", found["policy_weights"])  # another model, another digest
+    assert found["cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256", "SVE")
+    hub = provenance(load_config(None, ["policy.model=Qwen/Qwen2.5-0.5B", "reward.model=tiny"]))
+    assert hub["policy_weights"] == ""  # named by its hub revision, nothing local to hash

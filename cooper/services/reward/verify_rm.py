@@ -258,17 +258,18 @@ class VerifyRM:
             return UpdateStats(0.0, 0.0, 0.0, 0.0, self.version, skipped=True)
         everything = list(pairs) + list(replay)
         fresh = len(pairs)
-        pos = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in everything])
-        neg = self.encode([ScoreItem(p.question, p.reference, p.negative) for p in everything])
         draw = random.Random(self.version)
+        plans = [self._step_rows(fresh, len(everything), replay_sample, draw) for _ in range(optimizer_steps)]
+        # Only the pairs some step trains on are tokenized (a sampled replay leaves most of it out this update).
+        used = sorted(set().union(*plans))
+        used_pairs = [everything[r] for r in used]
+        ids = self.encode([ScoreItem(p.question, p.reference, p.positive) for p in used_pairs]
+                          + [ScoreItem(p.question, p.reference, p.negative) for p in used_pairs])
+        pos = dict(zip(used, ids[: len(used)], strict=True))
+        neg = dict(zip(used, ids[len(used) :], strict=True))
         per_micro = max(1, self.optim_config.micro_batch_size // 2)  # a pair is two sequences
         loss = before = grad_norm = 0.0
-        for step in range(optimizer_steps):
-            rows = list(range(fresh))
-            if replay_sample and len(everything) - fresh > replay_sample:
-                rows += sorted(draw.sample(range(fresh, len(everything)), replay_sample))
-            else:
-                rows += range(fresh, len(everything))
+        for step, rows in enumerate(plans):
             self.optimizer.zero_grad(set_to_none=True)
             margins: list[float] = []
             for start in range(0, len(rows), per_micro):
@@ -277,7 +278,7 @@ class VerifyRM:
                 micro_loss = bradley_terry_loss(positive_logits, negative_logits)
                 if calibration_weight:
                     micro_loss = micro_loss + calibration_weight * calibration_loss(positive_logits, negative_logits)
-                # Weighted by k/n so that the accumulated gradient is that of the mean over all pairs.
+                # Weighted by its share of the step's pairs, so the accumulated gradient is that of their mean.
                 (micro_loss * (len(micro) / len(rows))).backward()
                 margins += (positive_logits - negative_logits).tolist()
             if step == 0:
@@ -291,16 +292,24 @@ class VerifyRM:
             if step == 0:
                 grad_norm = step_norm
         self.version += 1
-        after_logits = self.logits(pos[:fresh] + neg[:fresh])
+        after_logits = self.logits([pos[r] for r in range(fresh)] + [neg[r] for r in range(fresh)])
         after = pair_accuracy(after_logits[:fresh], after_logits[fresh:])
         return UpdateStats(loss, grad_norm, before, after, self.version, skipped=False)
+
+    @staticmethod
+    def _step_rows(fresh: int, total: int, replay_sample: int, draw: random.Random) -> list[int]:
+        """Rows of `pairs + replay` one optimizer step trains on: every fresh pair, and `replay_sample` replayed
+        ones drawn without replacement (all of them when replay_sample is 0 or the replay is no larger)."""
+        if replay_sample and total - fresh > replay_sample:
+            return list(range(fresh)) + sorted(draw.sample(range(fresh, total), replay_sample))
+        return list(range(total))
 
     def _pair_logits(self, positives: list[list[int]], negatives: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (with autograd) of a micro-batch's positives and negatives, each distinct text forwarded once: the
         pairs of a group share its positive, so about a third of the texts of a micro-batch are repeats."""
         distinct: dict[tuple[int, ...], int] = {}
         index = [distinct.setdefault(tuple(ids), len(distinct)) for ids in positives + negatives]
-        logits = self.forward([list(ids) for ids in distinct])[torch.tensor(index, device=self.device)]
+        logits = self.forward(list(distinct))[torch.tensor(index, device=self.device)]
         return logits[: len(positives)], logits[len(positives) :]
 
     def _clip_and_step(self) -> float | None:
