@@ -4,10 +4,12 @@ so a bad key fails in well under a second."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -366,6 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = [*getattr(args, "overrides", []), *rest]
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # `kill -USR1 PID` prints every thread's stack to stderr (a service's: to its log) and the process goes on:
+    # where a process that seems stuck is, without stopping it or attaching a debugger.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         if args.command == "serve":
             return _serve(args)

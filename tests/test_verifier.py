@@ -131,6 +131,20 @@ def test_health_and_metrics(verifier_service, client):
     assert 'cooper_rpc_seconds_count{code="OK",method="Verify",service="verifier"}' in body
 
 
+def test_sigusr1_prints_every_thread_and_the_service_goes_on(verifier_service, client):
+    """README, "A process seems stuck": the stacks land in the service's log; it keeps serving."""
+    start = verifier_service.log_path.stat().st_size
+    verifier_service.process.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    # The main thread (serving) and the pool's driver thread, each with its stack.
+    while not all(part in (dump := verifier_service.log_path.read_bytes()[start:].decode(errors="replace"))
+                  for part in ("Current thread", "in run_service", "verifier/pool.py")):
+        assert time.monotonic() < deadline, dump[-3000:]
+        time.sleep(0.05)
+    assert verifier_service.process.poll() is None
+    assert [Verdict.Name(r.verdict) for r in client.verify(_items([("\\boxed{2}", "2")]))] == ["CORRECT"]
+
+
 def test_client_retries_only_unavailable():
     from cooper.config import ServerConfig
 

@@ -118,6 +118,7 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     config, run_id, run_dir, resolved = prepare_run(config, resume)
     prepare_models(config)
     client = open_redis(config, run_dir)
+    interrupted = False
     try:
         store = RunStore(client, config.redis.key_prefix, run_id)
         # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
@@ -128,8 +129,14 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     except redis.ConnectionError as err:
         raise RunFailed(f"{redis_lost(client, err)}; the run stopped, its state kept. Continue it with: "
                         f"cooper train --resume {run_id}") from None
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first (the `with` above)
         close_redis(client)
+        if interrupted:
+            log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "
+                        "with: cooper train --resume %s", run_id)
     records = read_metrics(run_dir)
     plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
     print(summary_table(records))

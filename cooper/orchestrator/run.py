@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +213,10 @@ class Orchestrator:
                                 **{f"test_{k}": f"{v:.2f}" for k, v in last_test.items()})
                 bar.update(1)
                 next_step += 1
+        except KeyboardInterrupt:
+            log.warning("interrupted before step %d was logged: stopping the workers, the services and Redis",
+                        next_step)
+            raise
         finally:
             bar.close()
             for worker in self.workers:
@@ -218,9 +224,22 @@ class Orchestrator:
             # Closing the clients first ends calls that wait for a service (up to unavailable_timeout_s); a job cut
             # short stays pending and the resumed run does it again (idempotently).
             self.ctx.close()
-            for thread in threads:
-                thread.join(timeout=10)
+            join_all(threads, timeout_s=10)
             metrics.close()
         return records
+
+
+def join_all(threads: list[threading.Thread], timeout_s: float) -> None:
+    """Wait for the stage workers to end, all against one deadline; a worker still busy after it is left behind
+    (a daemon thread: it cannot keep the process alive) with a warning that says where it is stuck."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    frames = sys._current_frames()
+    for thread in threads:
+        if thread.is_alive() and thread.ident in frames:
+            where = "".join(traceback.format_stack(frames[thread.ident])[-8:])
+            log.warning("stage worker %s did not stop within %g s; left running at:\n%s", thread.name, timeout_s,
+                        where)
 
 

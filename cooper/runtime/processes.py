@@ -44,11 +44,16 @@ class ServiceProcess:
     def address(self) -> str:
         return f"{self.host}:{self.info['grpc_port']}"
 
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: the service starts draining its in-flight calls. stop() waits for it."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self, grace_s: float = 15.0) -> int:
         """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code.
         Also removes the ready file (and its temporary directory)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:

@@ -87,6 +87,8 @@ def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
     assert train.wait(timeout_s=40) == 130, train.stderr[-3000:]
     print(f"\nCtrl-C to exit: {time.monotonic() - interrupted_at:.1f} s")
     assert "Traceback" not in train.stderr, train.stderr[-3000:]
+    assert "interrupted; everything the run started is stopped and its state is kept. Continue it with: cooper " \
+           "train --resume interrupted" in train.stderr, train.stderr[-3000:]
     assert len(read_metrics(run_dir)) < steps
     train.assert_nothing_left()  # a Ctrl-C exit
 

@@ -69,9 +69,32 @@ class Train:
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None:
             self.look()
-            assert time.monotonic() < deadline, f"cooper train still running after {timeout_s} s"
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cooper train still running after {timeout_s} s; where it was:\n"
+                                     f"{self.stuck_report()}")
             time.sleep(0.2)
         return self.proc.returncode
+
+    def stuck_report(self) -> str:
+        """The stack of every thread of `cooper train` and of its services (SIGUSR1: cli.py's faulthandler), the
+        ends of its stderr and of the service logs; then everything is killed, so a hung run leaves nothing."""
+        processes = [psutil.Process(self.proc.pid), *self.look()]
+        for process in processes:
+            try:
+                if "cooper.cli" in cmdline(process) or "serve" in cmdline(process):
+                    process.send_signal(signal.SIGUSR1)
+            except psutil.Error:
+                pass
+        time.sleep(2)
+        logs = sorted(self.tmp.parent.glob("*/logs/*.log"))
+        report = "\n".join([f"--- stderr of cooper train:\n{self.stderr[-6000:]}",
+                            *(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs)])
+        for process in reversed(processes):
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        return report
 
     def wait_for_children_to_exit(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
