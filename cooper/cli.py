@@ -369,8 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides = [*getattr(args, "overrides", []), *rest]
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # `kill -USR1 PID` prints every thread's stack to stderr (a service's: to its log) and the process goes on:
-    # where a process that seems stuck is, without stopping it or attaching a debugger.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # where a process that seems stuck is, without stopping it or attaching a debugger. To descriptor 2, not
+    # sys.stderr, which need not have one (main() called in-process, under a test's capture).
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
     try:
         if args.command == "serve":
             return _serve(args)
