@@ -39,14 +39,18 @@ class ServiceProcess:
     restarts: int = 0
     """How many times restart() has started it again."""
     _tmp: Any = field(default=None, repr=False)
+    _terminated: bool = field(default=False, repr=False)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.info['grpc_port']}"
 
     def terminate(self) -> None:
-        """SIGTERM, without waiting: the service starts draining its in-flight calls. stop() waits for it."""
-        if self.process.poll() is None:
+        """SIGTERM, without waiting: the service starts draining its in-flight calls. stop() waits for it.
+        Sent once: a second SIGTERM that lands after the service has drained, when its handler is gone, would kill
+        it in its teardown (exit code -15 instead of 0)."""
+        if self.process.poll() is None and not self._terminated:
+            self._terminated = True
             self.process.send_signal(signal.SIGTERM)
 
     def stop(self, grace_s: float = 15.0) -> int:
@@ -80,6 +84,7 @@ class ServiceProcess:
         if self.ready_path is not None:
             self.ready_path.unlink(missing_ok=True)
         self.process = _spawn(command, self.log_path, self.env)
+        self._terminated = False
         self.restarts += 1
 
     def log_tail(self, lines: int = 30) -> str:

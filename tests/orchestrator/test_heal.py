@@ -89,6 +89,7 @@ def test_ctrl_c_stops_everything_and_the_run_resumes(tmp_path):
     assert "Traceback" not in train.stderr, train.stderr[-3000:]
     assert "interrupted; everything the run started is stopped and its state is kept. Continue it with: cooper " \
            "train --resume interrupted" in train.stderr, train.stderr[-3000:]
+    assert not re.search(r"service \w+ exited with", train.stderr), train.stderr[-3000:]  # each drained, exit 0
     assert len(read_metrics(run_dir)) < steps
     train.assert_nothing_left()  # a Ctrl-C exit
 
