@@ -94,8 +94,8 @@ class EmbeddedRedis(redis.Redis):
             try:
                 self.server.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("the embedded Redis did not exit within %g s of SIGTERM; killing it (its append-only "
-                            "file already holds every answered write)", timeout_s)
+                log.warning("the embedded Redis did not exit within %g s of SIGTERM; killing it (a resume redoes "
+                            "the jobs of any writes its append-only file missed)", timeout_s)
                 self.server.kill()
                 self.server.wait()
         for fd in (self._dir_fd, self._lock_fd):

@@ -80,8 +80,9 @@ class Train:
         ends of its stderr and of the service logs; then everything is killed, so a hung run leaves nothing."""
         processes = [psutil.Process(self.proc.pid), *self.look()]
         for process in processes:
+            command = cmdline(process)
             try:
-                if "cooper.cli" in cmdline(process) or "serve" in cmdline(process):
+                if "cooper.cli" in command or "serve" in command:
                     process.send_signal(signal.SIGUSR1)
             except psutil.Error:
                 pass
