@@ -274,6 +274,26 @@ class GRPOConfig(StrictModel):
     """Added to the group std in the advantage."""
     epochs: int = Field(default=1, ge=1)
     """PPO epochs over each rollout."""
+    rollout_is_cap: float | None = Field(default=None, gt=0)
+    """Truncated importance sampling against the rollout engine's mismatch (off: None, the paper's GRPO). The
+    engine that sampled (vLLM, bf16 kernels) is not exactly the trainer's pi_old, so the rollout is slightly
+    off-policy; with a cap C each token's policy loss is weighted by min(pi_old / pi_rollout, C), from the log-probs
+    Generate returned. The mismatch itself is logged every update either way (metrics rollout/*). verl: 2.0."""
+
+
+VLLM_MAX_TEMPERATURE = 2.0
+"""The highest temperature vLLM's SamplingParams accepts (0.32: "temperature must be in [0, 2]")."""
+
+
+def vllm_sampling_problem(temperature: float, n: int, key: str) -> str | None:
+    """Why vLLM would refuse to sample `n` completions at `temperature` (None: it accepts them). Checked where the
+    config is read, so a run fails at once with the key to change instead of at its first rollout."""
+    if temperature > VLLM_MAX_TEMPERATURE:
+        return f"{key} is {temperature}, above the {VLLM_MAX_TEMPERATURE} that vLLM accepts"
+    if temperature == 0 and n > 1:
+        return (f"{key} is 0 (greedy) with {n} samples per prompt: vLLM samples only one greedy completion; set a "
+                "temperature above 0")
+    return None
 
 
 class SamplingConfig(StrictModel):
@@ -355,6 +375,22 @@ class PolicyConfig(StrictModel):
         if isinstance(value, int) and value < 1:
             raise ValueError(f"must be at least 1 or 'auto' (got {value})")
         return value
+
+    @model_validator(mode="after")
+    def _vllm_can_sample_and_place(self) -> PolicyConfig:
+        if self.engine != "vllm":
+            return self
+        problem = vllm_sampling_problem(self.sampling.temperature, self.sampling.n, "policy.sampling.temperature")
+        if problem:
+            raise ValueError(problem)
+        if self.device.startswith("cuda:") and self.device != "cuda:0":
+            # vLLM 0.32's in-process executor puts its model on the first visible GPU whatever it is told, so the
+            # trainer and the engine would sit on different GPUs.
+            raise ValueError(
+                f"policy.device {self.device!r} with policy.engine=vllm: vLLM uses the first visible GPU; choose it "
+                f"with CUDA_VISIBLE_DEVICES={self.device.split(':', 1)[1]} and set policy.device=cuda:0 (or auto)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ranks_need_a_device_family(self) -> PolicyConfig:
@@ -575,6 +611,21 @@ class CooperConfig(StrictModel):
     """Generator service."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Token and TLS of every gRPC server and client."""
+
+    @model_validator(mode="after")
+    def _vllm_accepts_every_sampling(self) -> CooperConfig:
+        """The samplings the policy's and the assistant's vLLM engines will be asked for, besides the rollout's."""
+        checks = []
+        if self.policy.engine == "vllm":
+            checks.append((self.eval.temperature, self.eval.k, "eval.temperature"))
+        if self.generator.assistant.backend == "vllm":
+            checks += [(self.generator.temperature, 1, "generator.temperature"),
+                       (self.generator.judge_temperature, 1, "generator.judge_temperature")]
+        for temperature, n, key in checks:
+            problem = vllm_sampling_problem(temperature, n, key)
+            if problem:
+                raise ValueError(problem)
+        return self
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:

@@ -39,6 +39,9 @@ class EmbeddedRedis(redis.Redis):
     """A client of a redis-server started for this run; close() also stops the server (its AOF written out)."""
 
     def __init__(self, redis_dir: Path, start_timeout_s: float = 120.0, lock_timeout_s: float = 15.0):
+        # Absolute: redis-server changes into --dir before it binds --unixsocket, so a relative socket path would
+        # be looked up from inside that directory.
+        redis_dir = redis_dir.resolve()
         self.redis_dir = redis_dir
         self.log_path = redis_dir / "redis.log"
         redis_dir.mkdir(parents=True, exist_ok=True)

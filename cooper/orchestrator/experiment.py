@@ -160,7 +160,7 @@ def run_all(config: CooperConfig, jobs: Sequence[tuple[str, int]], name: str, ou
     from tqdm import tqdm
 
     config_path = _write_config(config, out / "config.resolved.yaml")
-    run_dirs = {job: Path(config.run.output_dir) / f"{name}-{job[0]}-s{job[1]}" for job in jobs}
+    run_dirs = {job: (Path(config.run.output_dir) / f"{name}-{job[0]}-s{job[1]}").resolve() for job in jobs}
     waiting, running = list(jobs), {}
     bar = tqdm(total=len(jobs) * config.run.steps, disable=not progress, unit="step", dynamic_ncols=True,
                desc=f"experiment {name}")
@@ -263,7 +263,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
 
     seeds = list(seeds) if seeds else [config.run.seed]
     name = config.run.name or f"experiment-{time.strftime('%Y%m%d-%H%M%S')}"
-    out = Path(config.run.output_dir) / name
+    out = (Path(config.run.output_dir) / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     prepare_models(config, reward=True)  # once, here, rather than raced by the first parallel runs

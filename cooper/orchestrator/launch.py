@@ -72,20 +72,23 @@ def existing_run(config: CooperConfig) -> str | None:
 
 def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig, str, Path, Path]:
     """(config, run id, run dir, resolved config path) for a new run, or for the run being resumed: then `resume`
-    is its directory or its name under config.run.output_dir, and its own saved config replaces `config`."""
+    is its directory or its name under config.run.output_dir, and its own saved config replaces `config`.
+
+    The run directory comes back absolute: its paths are handed to other processes (Redis changes into its
+    `--dir` before it binds its socket, services start elsewhere), where a relative path means something else."""
     if resume:
-        run_dir = Path(resume) if Path(resume).is_dir() else Path(config.run.output_dir) / resume
+        run_dir = (Path(resume) if Path(resume).is_dir() else Path(config.run.output_dir) / resume).resolve()
         resolved = run_dir / RESOLVED
         if not resolved.is_file():
             raise FileNotFoundError(f"cannot resume {resume}: {resolved} not found (is it a run directory?)")
         config = load_config(resolved, environ={})
         return config, run_dir.name, run_dir, resolved
     run_id = config.run.name or f"{config.run.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(config.run.output_dir) / run_id
+    run_dir = (Path(config.run.output_dir) / run_id).resolve()
     if (run_dir / RESOLVED).exists():
         raise FileExistsError(f"run directory {run_dir} exists; resume it with --resume {run_id} or pick run.name")
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = with_overrides(config, [f"run.name={run_id}", *local_overrides(config, run_dir.resolve())])
+    config = with_overrides(config, [f"run.name={run_id}", *local_overrides(config, run_dir)])
     return config, run_id, run_dir, write_configs(config, run_dir)
 
 

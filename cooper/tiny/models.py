@@ -85,8 +85,9 @@ def tiny_tokenizer_dir() -> Path:
 
 
 # name -> (hidden, intermediate, layers, heads, kv heads). "small" (~4M parameters) is for benchmarks where the
-# tiny model's forward pass would be all Python overhead and no compute, unlike any real model's.
-SIZES = {"tiny": (64, 128, 2, 4, 2), "small": (256, 1024, 4, 8, 4)}
+# tiny model's forward pass would be all Python overhead and no compute, unlike any real model's. "tiny-hd32" is the
+# tiny model with 2 heads of 32 instead of 4 of 16: vLLM's CPU attention refuses head_dim 16.
+SIZES = {"tiny": (64, 128, 2, 4, 2), "small": (256, 1024, 4, 8, 4), "tiny-hd32": (64, 128, 2, 2, 1)}
 
 
 def _qwen2_config(vocab_size: int, pad_id: int, eos_id: int, size: str = "tiny"):  # type: ignore[no-untyped-def]
@@ -128,13 +129,19 @@ def small_model_dir(kind: str) -> Path:
     return _build_once(f"small-{kind}", lambda out: _build_model(kind, out, "small"))
 
 
-TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small")
+def tiny_hd32_model_dir(kind: str) -> Path:
+    """A randomly initialised 2-layer Qwen2 of `kind` like "tiny" but with head_dim 32 (what vLLM's CPU build runs)."""
+    return _build_once(f"tiny-hd32-{kind}", lambda out: _build_model(kind, out, "tiny-hd32"))
+
+
+TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small", "tiny-hd32")
 
 
 def resolve_model(name: str, kind: str) -> str:
     """A tiny model name -> its locally built directory; anything else (hub id, local path) as given.
 
-    "tiny" is a random tiny model of `kind` ("causal" or "reward"), "small" a random 4-layer 256-wide one;
+    "tiny" is a random tiny model of `kind` ("causal" or "reward"), "small" a random 4-layer 256-wide one,
+    "tiny-hd32" a random tiny one with head_dim 32 (vLLM's CPU build);
     "tiny-sft" the warm-started policy and "tiny-rm" the pretrained VerifyRM of the tiny preset (warm_start.py).
     """
     if name == "tiny-sft":
@@ -147,6 +154,8 @@ def resolve_model(name: str, kind: str) -> str:
         return str(tiny_pretrained_rm_dir())
     if name == "small":
         return str(small_model_dir(kind))
+    if name == "tiny-hd32":
+        return str(tiny_hd32_model_dir(kind))
     if name != "tiny":
         return name
     if kind == "causal":

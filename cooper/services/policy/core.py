@@ -93,13 +93,14 @@ def resolve_world_size(world_size: int | str, device: torch.device) -> int:
     return ranks
 
 
-def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str
-                 ) -> RolloutEngine:
+def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str,
+                 world_size: int = 1) -> RolloutEngine:
     if cfg.engine == "vllm":
         # Imported here only: vLLM is the `gpu` extra and must never be imported on CPU code paths.
         from cooper.services.policy.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, path, cfg)
+        # Several ranks: this process holds their process group, which an in-process vLLM would join (vllm_engine).
+        return VLLMEngine(model, tokenizer, path, cfg, in_process=world_size == 1)
     from cooper.services.policy.hf_engine import TransformersEngine
 
     return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
@@ -139,7 +140,7 @@ class PolicyCore:
                 self.model,
                 self.reference,
                 LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
-                             grpo.kl_clamp),
+                             grpo.kl_clamp, grpo.rollout_is_cap),
                 lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
                 grad_clip=optim.grad_clip, warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size,
                 epochs=grpo.epochs, temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps,
@@ -156,7 +157,7 @@ class PolicyCore:
             if self.world_size == 1:  # the ranks load their shards of it themselves
                 self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             self._restore_state(checkpoint)
-        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
+        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path, self.world_size)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self._lock = threading.Lock()
 

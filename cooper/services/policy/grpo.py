@@ -69,6 +69,16 @@ class LossSettings:
     kl_coef: float = 0.001
     logratio_clamp: float = 20.0
     kl_clamp: float = 10.0
+    rollout_is_cap: float | None = None  # truncated importance sampling against the rollout engine; None: off
+
+
+def rollout_is_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float, logratio_clamp: float = 20.0) -> Tensor:
+    """[B, T] -> [B, T] truncated importance weights min(pi_old / pi_rollout, cap) (Yao et al. 2025, "Your efficient
+    RL framework secretly brings you off-policy RL training"; verl's `rollout_is`): the rollout was sampled by an
+    engine whose probabilities differ a little from the trainer's pi_old, and this reweights each token's loss
+    toward pi_old, capped so that a token the engine found far less likely cannot dominate. No gradient."""
+    log_ratio = (old_logp - rollout_logp).clamp(-logratio_clamp, logratio_clamp)
+    return log_ratio.exp().clamp(max=cap).detach()
 
 
 @dataclass
@@ -110,10 +120,12 @@ def grpo_loss_sums(
     mask: Tensor,
     settings: LossSettings,
     ref_logp: Tensor | None = None,
+    token_weights: Tensor | None = None,
 ) -> LossSums:
     """Per-token GRPO loss summed over the masked tokens of a (micro-)batch.
 
-    Shapes: logp, old_logp, ref_logp, mask [B, T]; advantages [B] (one per sequence) or [B, T].
+    Shapes: logp, old_logp, ref_logp, mask, token_weights [B, T]; advantages [B] (one per sequence) or [B, T].
+    `token_weights` (truncated importance weights, `rollout_is_weights`) scale each token's policy loss, not its KL.
     Returning sums, not means, is what makes gradient accumulation exact: the caller divides every micro-batch
     by the token count of the whole batch, so the summed gradients equal one full-batch token-mean.
     """
@@ -121,6 +133,8 @@ def grpo_loss_sums(
         advantages = advantages.unsqueeze(-1).expand_as(logp)
     mask = mask.to(logp.dtype)
     policy, clipped = ppo_token_losses(logp, old_logp, advantages, settings)
+    if token_weights is not None:
+        policy = policy * token_weights
     total = (policy * mask).sum()
     kl_sum = torch.zeros((), device=logp.device)
     if ref_logp is not None:  # measured whenever there is a reference; part of the loss only with a coefficient

@@ -101,7 +101,8 @@ def _join(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device,
     grpo, optim = cfg.grpo, cfg.optim
     trainer = RankTrainer(
         model, reference,
-        LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp, grpo.kl_clamp),
+        LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp, grpo.kl_clamp,
+                     grpo.rollout_is_cap),
         lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps, grad_clip=optim.grad_clip,
         warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size, epochs=grpo.epochs,
         temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps, pad_id=spec.pad_id, autocast_dtype=None,
@@ -279,7 +280,7 @@ class RankGroup:
                                       self.cfg.grpo.adv_eps)
         parts = split_batch(samples, advantages, self.world_size, self.cfg.optim.micro_batch_size)
         sums = self.run("update", [(parts[0], self.rollout_model), *[(part, None) for part in parts[1:]]])
-        return metrics_from_sums(sums, rewards, self.cfg.grpo.epochs)
+        return metrics_from_sums(sums, rewards, self.cfg.grpo.epochs, self.cfg.grpo.rollout_is_cap)
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.run("full_optimizer_state", [()] * self.world_size)

@@ -1,6 +1,8 @@
 """gRPC translation for the policy service: messages in, `PolicyCore` calls (in a worker thread), messages out.
 
-Bad requests become INVALID_ARGUMENT with the core's message. A call that failed because a training rank died
+Bad requests (and requests the vLLM engine refuses) become INVALID_ARGUMENT with the core's message; a vLLM engine
+that failed on an accepted request (`EngineError`) becomes INTERNAL with its message. A call that failed because a
+training rank died
 (world_size > 1) becomes UNAVAILABLE: the core has already started its ranks again from the latest checkpoint, so
 the retry that clients make on UNAVAILABLE is applied. Nothing else is caught, so a real failure reaches the caller
 as INTERNAL with its message rather than being dressed up.
@@ -19,6 +21,7 @@ from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.server import GrpcService
+from cooper.runtime.vllm_support import EngineError
 from cooper.services.policy.core import PolicyCore, RanksRestarted
 from cooper.services.policy.engine import SamplingParams
 from cooper.services.policy.trainer import RolloutSample
@@ -55,6 +58,9 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
         except RanksRestarted as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
+        except EngineError as err:
+            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+            raise AssertionError("unreachable") from err
 
     async def Generate(self, request: policy_pb2.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> policy_pb2.GenerateResponse:
@@ -74,7 +80,8 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
 
     async def Train(self, request: policy_pb2.TrainRequest, context: grpc.aio.ServicerContext
                     ) -> policy_pb2.TrainResponse:
-        samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids)) for c in request.rollout]
+        samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs) or None)
+                   for c in request.rollout]
         result = await self._run(context, self.core.train, idempotency_key(request.key), samples,
                                  list(request.rewards), request.group_size)
         return policy_pb2.TrainResponse(metrics=result.metrics, version=result.version, replayed=result.replayed)

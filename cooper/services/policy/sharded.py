@@ -31,9 +31,19 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, _Batch, _layout, lr_at, per_token_metrics
+from cooper.services.policy.trainer import (
+    ROLLOUT_SUM_KEYS,
+    GRPOTrainer,
+    RolloutSample,
+    _Batch,
+    _layout,
+    lr_at,
+    per_token_metrics,
+    rollout_metrics,
+    rollout_sums,
+)
 
-SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", "tokens", "samples")
+SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", *ROLLOUT_SUM_KEYS, "tokens", "samples")
 
 
 @dataclass
@@ -130,6 +140,10 @@ class RankTrainer(GRPOTrainer):
 
         self.model.eval()  # no dropout in any pass (see GRPOTrainer)
         old_logps = [self._logprobs(self.model, b) for b in batches]
+        mismatch = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
+        for old, b in zip(old_logps, batches, strict=True):
+            for key, value in rollout_sums(old, b, self.settings).items():
+                mismatch[key] += value
         ref_logps: list[Tensor | None] = [None] * len(batches)
         kl_seq = 0.0
         if self.reference is not None:
@@ -154,7 +168,7 @@ class RankTrainer(GRPOTrainer):
             self.optimizer.step()
         self.updates += 1
         reduced = self._all_reduce([sums["loss"], sums["policy_loss"], sums["kl"], sums["clipped"],
-                                    sums["entropy"], kl_seq])
+                                    sums["entropy"], kl_seq, *(mismatch[key] for key in ROLLOUT_SUM_KEYS)])
         out = dict(zip(SUM_KEYS, [*reduced, total_tokens, total_samples], strict=True))
         out["grad_norm"] = norms / self.epochs
         out["lr"] = lr
@@ -200,7 +214,8 @@ class RankTrainer(GRPOTrainer):
         self.updates = int(saved["updates"])
 
 
-def metrics_from_sums(sums: dict[str, float], rewards: Sequence[float], epochs: int) -> dict[str, float]:
+def metrics_from_sums(sums: dict[str, float], rewards: Sequence[float], epochs: int,
+                      rollout_is_cap: float | None = None) -> dict[str, float]:
     """The single-rank trainer's metrics (`GRPOTrainer._run_epochs`) from the all-reduced sums."""
     metrics = {
         **per_token_metrics(sums, epochs * sums["tokens"]),
@@ -208,6 +223,7 @@ def metrics_from_sums(sums: dict[str, float], rewards: Sequence[float], epochs: 
         "response_length": sums["tokens"] / sums["samples"],
         "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
         "lr": sums["lr"],
+        **rollout_metrics(sums, rollout_is_cap),
     }
     if sums["has_reference"]:
         metrics["kl_seq"] = sums["kl_seq"] / sums["samples"]

@@ -23,7 +23,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cooper.services.policy.grpo import LossSettings, group_advantages, grpo_loss_sums, token_entropy, token_logprobs
+from cooper.services.policy.grpo import (
+    LossSettings,
+    group_advantages,
+    grpo_loss_sums,
+    k3_kl,
+    rollout_is_weights,
+    token_entropy,
+    token_logprobs,
+)
+
+ROLLOUT_SUM_KEYS = ("rollout_abs_diff", "rollout_kl", "rollout_tokens", "rollout_is_weight", "rollout_is_capped")
+"""Sums over the tokens whose rollout log-probs were sent: what `rollout_metrics` turns into metrics."""
 
 
 def per_token_metrics(sums: dict[str, float], per_token: float) -> dict[str, float]:
@@ -33,12 +44,35 @@ def per_token_metrics(sums: dict[str, float], per_token: float) -> dict[str, flo
             "entropy": sums["entropy"] / per_token}
 
 
+def rollout_metrics(sums: dict[str, float], cap: float | None) -> dict[str, float]:
+    """How far the engine that sampled was from the trainer's pi_old on the same tokens (the sums of
+    `rollout_sums`): mean |log pi_old - log pi_rollout|, the k3 estimate of KL(pi_rollout || pi_old), and, with
+    truncated importance sampling on, the mean weight and the share of tokens whose weight hit the cap. Empty when
+    no rollout log-probs came."""
+    tokens = sums["rollout_tokens"]
+    if not tokens:
+        return {}
+    metrics = {"rollout/logprob_abs_diff": sums["rollout_abs_diff"] / tokens, "rollout/kl": sums["rollout_kl"] / tokens,
+               "rollout/tokens_compared": tokens}
+    if cap is not None:
+        metrics["rollout/is_weight_mean"] = sums["rollout_is_weight"] / tokens
+        metrics["rollout/is_capped_fraction"] = sums["rollout_is_capped"] / tokens
+    return metrics
+
+
 @dataclass
 class RolloutSample:
     """One completion to learn from: the prompt as the engine tokenized it and the sampled tokens."""
 
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
+    rollout_logprobs: list[float] | None = None
+    """The sampling engine's log-prob of each completion token (Generate's `logprobs`), for the mismatch metrics
+    and truncated importance sampling; None (or a wrong length) leaves the sample out of both."""
+
+    @property
+    def has_rollout_logprobs(self) -> bool:
+        return self.rollout_logprobs is not None and len(self.rollout_logprobs) == len(self.completion_token_ids)
 
 
 @dataclass
@@ -49,6 +83,8 @@ class _Batch:
     completion: Tensor  # [B, C] completion tokens (pad where mask is 0)
     mask: Tensor  # [B, C] 1 on completion tokens
     width: int  # C
+    rollout_logp: Tensor  # [B, C] the engine's log-probs (0 where none came)
+    rollout_mask: Tensor  # [B, C] 1 on completion tokens whose rollout log-prob came
 
 
 def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device) -> _Batch:
@@ -58,12 +94,17 @@ def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device)
     input_ids = torch.full((rows, prompt_width + width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     mask = torch.zeros((rows, width), dtype=torch.float32)
+    rollout_logp = torch.zeros((rows, width), dtype=torch.float32)
+    rollout_mask = torch.zeros((rows, width), dtype=torch.float32)
     for i, s in enumerate(samples):
         p, c = s.prompt_token_ids, s.completion_token_ids
         input_ids[i, prompt_width - len(p) : prompt_width] = torch.tensor(p, dtype=torch.long)
         input_ids[i, prompt_width : prompt_width + len(c)] = torch.tensor(c, dtype=torch.long)
         attention_mask[i, prompt_width - len(p) : prompt_width + len(c)] = 1
         mask[i, : len(c)] = 1
+        if s.has_rollout_logprobs and c:
+            rollout_logp[i, : len(c)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+            rollout_mask[i, : len(c)] = 1
     # Positions count real tokens only, as in generation with left padding.
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return _Batch(
@@ -73,7 +114,31 @@ def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device)
         completion=input_ids[:, prompt_width:].to(device),
         mask=mask.to(device),
         width=width,
+        rollout_logp=rollout_logp.to(device),
+        rollout_mask=rollout_mask.to(device),
     )
+
+
+def rollout_sums(old: Tensor, batch: _Batch, settings: LossSettings) -> dict[str, float]:
+    """`ROLLOUT_SUM_KEYS` over one micro-batch: pi_old (the trainer's recomputed log-probs) against the engine's."""
+    mask = batch.rollout_mask
+    diff = (old - batch.rollout_logp) * mask
+    kl = k3_kl(batch.rollout_logp, old, settings.logratio_clamp, settings.kl_clamp)  # KL(rollout || old), k3
+    sums = {"rollout_abs_diff": float(diff.abs().sum()), "rollout_kl": float((kl * mask).sum()),
+            "rollout_tokens": float(mask.sum()), "rollout_is_weight": 0.0, "rollout_is_capped": 0.0}
+    if settings.rollout_is_cap is not None:
+        weights = rollout_is_weights(old, batch.rollout_logp, settings.rollout_is_cap, settings.logratio_clamp)
+        sums["rollout_is_weight"] = float((weights * mask).sum())
+        sums["rollout_is_capped"] = float(((weights >= settings.rollout_is_cap).float() * mask).sum())
+    return sums
+
+
+def token_is_weights(old: Tensor, batch: _Batch, settings: LossSettings) -> Tensor | None:
+    """The truncated importance weights of a micro-batch's tokens (1 where no rollout log-prob came); None: off."""
+    if settings.rollout_is_cap is None:
+        return None
+    weights = rollout_is_weights(old, batch.rollout_logp, settings.rollout_is_cap, settings.logratio_clamp)
+    return torch.where(batch.rollout_mask > 0, weights, torch.ones_like(weights))
 
 
 def lr_at(update: int, lr: float, warmup_steps: int) -> float:
@@ -142,7 +207,8 @@ class GRPOTrainer:
         of the whole batch, on every rank), adding its loss terms and entropy to `sums`."""
         logits = self._forward(self.model, batch)
         logp = token_logprobs(logits, batch.completion, self.temperature)
-        part = grpo_loss_sums(logp, old, advantages, batch.mask, self.settings, ref)
+        part = grpo_loss_sums(logp, old, advantages, batch.mask, self.settings, ref,
+                              token_is_weights(old, batch, self.settings))
         (part.loss / total_tokens).backward()
         with torch.no_grad():
             sums["entropy"] += float((token_entropy(logits.detach(), self.temperature) * batch.mask).sum())
@@ -208,6 +274,10 @@ class GRPOTrainer:
         # otherwise engine mismatch would masquerade as policy change and trigger clipping.
         self.model.eval()  # no dropout in any pass, so old_logp and logp are the same function of the weights
         old_logps = [self._logprobs(self.model, b) for b in batches]
+        mismatch = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
+        for old, b in zip(old_logps, batches, strict=True):
+            for key, value in rollout_sums(old, b, self.settings).items():
+                mismatch[key] += value
         ref_logps: list[Tensor | None] = [None] * len(batches)
         kl_seq = None
         if self.reference is not None:
@@ -236,6 +306,7 @@ class GRPOTrainer:
             "grad_norm": sums["grad_norm"] / self.epochs,
             "response_length": total_tokens / len(samples),
             "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
+            **rollout_metrics(mismatch, self.settings.rollout_is_cap),
         }
         if kl_seq is not None:
             metrics["kl_seq"] = kl_seq

