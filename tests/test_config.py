@@ -96,3 +96,33 @@ def test_overriding_one_key_keeps_the_sections_other_defaults(tmp_path):
     c = load_config(path, ["reward.server.port=6000"], environ={})
     assert (c.verifier.server.host, c.verifier.server.port, c.verifier.server.metrics_port) == ("0.0.0.0", 50051, 9101)
     assert (c.reward.server.port, c.reward.server.metrics_port) == (6000, 9102)
+
+
+def test_vllm_engines_refuse_at_config_time_what_vllm_would_refuse():
+    with pytest.raises(ConfigError, match=r"policy.sampling.temperature is 2.5, above the 2.0 that vLLM accepts"):
+        load_config(overrides=["policy.engine=vllm", "policy.sampling.temperature=2.5"], environ={})
+    with pytest.raises(ConfigError, match="greedy"):
+        load_config(overrides=["policy.engine=vllm", "policy.sampling.temperature=0"], environ={})
+    with pytest.raises(ConfigError, match="eval.temperature is 3"):
+        load_config(overrides=["policy.engine=vllm", "eval.temperature=3"], environ={})
+    with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES=1"):
+        load_config(overrides=["policy.engine=vllm", "policy.device=cuda:1"], environ={})
+    with pytest.raises(ConfigError, match="generator.temperature is 2.2"):
+        load_config(overrides=["generator.assistant.backend=vllm", "generator.temperature=2.2"], environ={})
+    # The transformers engine samples at any temperature; vLLM at 2 and below.
+    assert load_config(overrides=["policy.sampling.temperature=2.5"], environ={}).policy.sampling.temperature == 2.5
+    assert load_config(overrides=["policy.engine=vllm", "policy.sampling.temperature=2"], environ={})
+
+
+def test_completion_seeds_are_distinct_across_prompts_children_and_requests():
+    from cooper.services.policy.vllm_engine import completion_seeds
+
+    # vLLM seeds child j of a prompt with the prompt's seed + j.
+    def every_seed(seed, prompts, n):
+        return [base + j for base in completion_seeds(seed, prompts, n) for j in range(n)]
+
+    one = every_seed(3, 64, 16)
+    assert len(set(one)) == 64 * 16
+    assert not set(one) & set(every_seed(4, 64, 16))
+    with pytest.raises(ValueError, match="fewer prompts"):
+        completion_seeds(0, 1 << 20, 32)

