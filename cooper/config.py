@@ -213,7 +213,9 @@ class RewardConfig(StrictModel):
     device: str = "auto"
     """"auto" (cuda if present), "cpu" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Weights dtype; auto = float32 on CPU, bfloat16 on GPU."""
+    """Compute dtype; auto = float32 on CPU, bfloat16 on GPU. bfloat16 runs forward passes under autocast while the
+    trained weights and AdamW state stay float32 (a 1e-5 step vanishes when added to a bf16 weight); a replica,
+    which never trains, holds bf16 weights."""
     max_length: int = Field(default=2048, ge=16)
     """Longest input in tokens; longer inputs are truncated from the left of the completion by the template."""
     discrete: bool = False

@@ -134,20 +134,24 @@ def tiny_hd32_model_dir(kind: str) -> Path:
     return _build_once(f"tiny-hd32-{kind}", lambda out: _build_model(kind, out, "tiny-hd32"))
 
 
-TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small", "tiny-hd32")
+TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small", "tiny-hd32", "tiny-sft-hd32")
 
 
 def resolve_model(name: str, kind: str) -> str:
     """A tiny model name -> its locally built directory; anything else (hub id, local path) as given.
 
     "tiny" is a random tiny model of `kind` ("causal" or "reward"), "small" a random 4-layer 256-wide one,
-    "tiny-hd32" a random tiny one with head_dim 32 (vLLM's CPU build);
+    "tiny-hd32" a random tiny one with head_dim 32 (vLLM's CPU build), "tiny-sft-hd32" its warm start;
     "tiny-sft" the warm-started policy and "tiny-rm" the pretrained VerifyRM of the tiny preset (warm_start.py).
     """
     if name == "tiny-sft":
         from cooper.tiny.warm_start import tiny_sft_policy_dir
 
         return str(tiny_sft_policy_dir())
+    if name == "tiny-sft-hd32":
+        from cooper.tiny.warm_start import tiny_sft_hd32_policy_dir
+
+        return str(tiny_sft_hd32_policy_dir())
     if name == "tiny-rm":
         from cooper.tiny.warm_start import tiny_pretrained_rm_dir
 

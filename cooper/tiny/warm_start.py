@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_reward_model_dir
+from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
 from cooper.tiny.task import bare_answer, make_split, wrong_solution
 
 SFT_STEPS, SFT_BATCH, SFT_LR = 800, 32, 3e-3
@@ -36,12 +36,13 @@ def _prompt(question: str) -> str:
     return DataConfig().prompt_template.replace("{question}", question)
 
 
-def _sft(out: Path) -> None:
+def _sft(out: Path, source: Path | None = None) -> None:
+    """The SFT warm start of `source` (default: the tiny causal LM)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)  # a tiny model trains faster on one thread than on two contended ones
-    source = tiny_causal_lm_dir()
+    source = source or tiny_causal_lm_dir()
     tokenizer = AutoTokenizer.from_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     rng = random.Random(0)
@@ -104,6 +105,11 @@ def _pretrain_rm(out: Path) -> None:
 
 def tiny_sft_policy_dir() -> Path:
     return _build_once("policy-sft", _sft)
+
+
+def tiny_sft_hd32_policy_dir() -> Path:
+    """The same SFT warm start on the tiny model with head_dim 32 ("tiny-hd32"), which vLLM's CPU build runs."""
+    return _build_once("policy-sft-hd32", lambda out: _sft(out, tiny_hd32_model_dir("causal")))
 
 
 def tiny_pretrained_rm_dir() -> Path:

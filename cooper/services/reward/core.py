@@ -85,7 +85,8 @@ class RewardCore:
             candidates = candidates[:1]
         for latest in candidates:
             try:
-                rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype)
+                rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype,
+                                   trains=not replica)
                 state = checkpoint.read_state(latest)
                 if not replica:
                     checkpoint.load_optimizer(rm, latest)
@@ -101,7 +102,7 @@ class RewardCore:
             log.info("reward model %s from %s (version %d)", "loaded" if replica else "resumed", latest, rm.version)
             return cls(rm, config, state, str(latest))
         rm = VerifyRM.load(resolve_model(config.model, "reward"), config.optim, config.max_length, config.device,
-                           config.dtype)
+                           config.dtype, trains=not replica)
         log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
         return cls(rm, config)
 

@@ -154,8 +154,11 @@ class Encoder:
 class VerifyRM:
     """The model, its tokenizer and its optimizer. Not thread-safe: the service runs it on one thread."""
 
-    def __init__(self, model: Any, tokenizer: Any, optim: OptimConfig, max_length: int, source: str = ""):
-        self.model = model.eval()  # eval also while training: dropout off, as usual for reward models
+    def __init__(self, model: Any, tokenizer: Any, optim: OptimConfig, max_length: int, source: str = "",
+                 autocast_dtype: torch.dtype | None = None):
+        """`autocast_dtype`: run forward passes under autocast in that dtype (bf16), the weights staying as loaded."""
+        self.model = model.eval()
+        self.autocast_dtype = autocast_dtype  # eval also while training: dropout off, as usual for reward models
         self.tokenizer = tokenizer
         self.encoder = Encoder(tokenizer, max_length)
         self.optim_config = optim
@@ -181,20 +184,29 @@ class VerifyRM:
 
     @classmethod
     def load(
-        cls, source: str, optim: OptimConfig, max_length: int = 2048, device: str = "auto", dtype: str = "auto"
+        cls, source: str, optim: OptimConfig, max_length: int = 2048, device: str = "auto", dtype: str = "auto",
+        trains: bool = True,
     ) -> VerifyRM:
-        """Load a one-output sequence classifier by hub id or local directory."""
+        """Load a one-output sequence classifier by hub id or local directory.
+
+        In bfloat16 (`dtype`, "auto" on a GPU) a model that `trains` keeps float32 weights and AdamW state and runs
+        its forward passes under bf16 autocast, as the policy does: AdamW adding a 1e-5-sized step to a bf16 weight
+        loses most of it (five steps at lr 1e-5 on N(0, 0.02) weights changed 15% of the elements). A model that
+        only scores (a replica) holds bf16 weights: half the memory, the same forward."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         target = resolve_device(device, "reward.device")
+        compute = resolve_dtype(dtype, target)
+        master = torch.float32 if trains else compute
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForSequenceClassification.from_pretrained(source, dtype=resolve_dtype(dtype, target))
+        model = AutoModelForSequenceClassification.from_pretrained(source, dtype=master)
         if model.config.num_labels != 1:
             raise ValueError(
                 f"reward model {source!r} has {model.config.num_labels} outputs; VerifyRM needs a "
                 "sequence-classification model with num_labels=1"
             )
-        return cls(model.to(target), tokenizer, optim, max_length, source)
+        autocast = compute if compute != master else None
+        return cls(model.to(target), tokenizer, optim, max_length, source, autocast)
 
     @property
     def parameters(self) -> int:
@@ -217,7 +229,10 @@ class VerifyRM:
 
     def forward(self, token_lists: Sequence[Sequence[int]]) -> torch.Tensor:
         """Raw logits [n] (float32), with autograd if enabled by the caller."""
-        return self.model(**self._batch(token_lists)).logits[:, 0].float()
+        if self.autocast_dtype is None:
+            return self.model(**self._batch(token_lists)).logits[:, 0].float()
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self.model(**self._batch(token_lists)).logits[:, 0].float()
 
     # ----- scoring -----
 
