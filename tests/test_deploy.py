@@ -82,6 +82,7 @@ def test_dockerfiles_follow_the_rules(dockerfile):
     ("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", "ARG TORCH_INDEX_URL=https://pypi.org/simple",
      "CPU index"),
     ("ARG BASE_IMAGE=python:3.11-slim-bookworm", "ARG BASE_IMAGE=python:3.11-bookworm", "slim base"),
+    ("ARG BASE_IMAGE=python:3.11-slim-bookworm", "ARG BASE_IMAGE=python:3.12-slim-bookworm", "Python 3.11"),
     ('"cooper.runtime.healthcheck"', '"cooper.runtime.health"', "HEALTHCHECK"),
     ("COPY requirements/cpu.txt", "COPY pyproject.toml", "lock of exact versions"),
 ])
@@ -91,6 +92,13 @@ def test_dockerfile_check_catches_planted_errors(tmp_path, old, new, needle):
     planted = tmp_path / "cpu.Dockerfile"
     planted.write_text(text.replace(old, new))
     assert any(needle in p for p in common.dockerfile_problems(planted, gpu=False))
+
+
+def test_gpu_dockerfile_check_catches_a_missing_compiler(tmp_path):
+    text = (ROOT / "docker" / "gpu.Dockerfile").read_text()
+    planted = tmp_path / "gpu.Dockerfile"
+    planted.write_text(text.replace("tini gcc libc6-dev python3-dev", "tini"))
+    assert any("C compiler" in p for p in common.dockerfile_problems(planted, gpu=True))
 
 
 # --- compose ---------------------------------------------------------------------------------------------------
