@@ -14,20 +14,7 @@ if [[ ! -f "$wheel" ]]; then
   echo "build.sh: give the CPU torch wheel (torch-2.13.0+cpu-cp311-...whl) as the first argument or TORCH_WHEEL" >&2
   exit 2
 fi
-# A client that builds with BuildKit: Docker 23+ clients need the buildx plugin for it, older ones (Debian's 20.10)
-# have it built in. DOCKER names the client; else the first of `docker` and /usr/bin/docker that can.
-if [[ -z "${DOCKER:-}" ]]; then
-  for client in docker /usr/bin/docker; do
-    version=$("$client" version --format '{{.Client.Version}}' 2>/dev/null || true)
-    if "$client" buildx version >/dev/null 2>&1 || [[ $version == 20.* ]]; then
-      DOCKER=$client && break
-    fi
-  done
-fi
-if [[ -z "${DOCKER:-}" ]]; then
-  echo "build.sh: no docker client here builds with BuildKit: install the buildx plugin, or set DOCKER" >&2
-  exit 2
-fi
+source "$repo/deploy/smoke/docker.sh"
 "$DOCKER" image inspect "$base" >/dev/null 2>&1 || bash "$repo/deploy/smoke/base.sh" "$base"
 # .whl/ is git-ignored and the one extra folder docker/cpu.Dockerfile.dockerignore lets into the context.
 mkdir -p "$repo/.whl"

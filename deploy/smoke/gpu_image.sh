@@ -8,7 +8,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 tag=${1:-cooper-gpu:0.1.0}
 base=${COOPER_BASE_IMAGE:-cooper-base:bookworm}
-docker=${DOCKER:-docker}
+source "$repo/deploy/smoke/docker.sh"
+docker=$DOCKER
 started=$(date +%s)
 "$docker" image inspect "$base" >/dev/null 2>&1 || bash "$repo/deploy/smoke/base.sh" "$base"
 secret=()
