@@ -360,6 +360,9 @@ class PolicyConfig(StrictModel):
     """Where checkpoints go; start-up resumes from the latest one there."""
     save_every: int = Field(default=0, ge=0)
     """Write a checkpoint every N updates; 0 only on Save()."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save (the newest, which a resume
+    needs, never is). Local runs save after every update, so without this a run leaves one per step."""
     save_on_stop: bool = True
     """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
     were applied since the last one, so that the service comes back at the version the run recorded."""

@@ -61,9 +61,21 @@ def accuracy_points(records: Sequence[Mapping[str, Any]], benchmark: str) -> lis
     return points
 
 
+SMOOTHING = 20
+"""Steps in the moving average of the per-step curves (one step's value is a mean over one batch: noisy)."""
+
+
+def moving_average(points: Sequence[tuple[int, float]], width: int = SMOOTHING) -> list[tuple[int, float]]:
+    """(x, mean of the last `width` values up to x) for each point: trailing, so a curve never looks ahead."""
+    ys = [y for _, y in points]
+    return [(x, sum(ys[max(0, i - width + 1) : i + 1]) / len(ys[max(0, i - width + 1) : i + 1]))
+            for i, (x, _) in enumerate(points)]
+
+
 def compare_plot(runs: Runs, path: Path) -> Path:
-    """One panel per monitored quantity (and per benchmark's test accuracy), one line per mode: the mean over
-    seeds, with each seed as a thin line."""
+    """One panel per benchmark's test accuracy (the held-out set first, where a reader looks first), then one per
+    monitored quantity; one line per mode: the mean over seeds. Per-step curves are drawn as a moving average of
+    SMOOTHING steps over the raw mean, which stays faint behind it; each seed is a thin line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,7 +85,8 @@ def compare_plot(runs: Runs, path: Path) -> Path:
     by_mode = _as_seeds(runs)
     tests = sorted({k[5:] for seeds in by_mode.values() for records in seeds for r in records for k in r
                     if k.startswith("test/")})
-    panels = PANELS + [(f"test/{k}", f"test accuracy ({k})") for k in tests]
+    tests.sort(key=lambda k: k != "heldout")
+    panels = [(f"test/{k}", f"test accuracy ({k})") for k in tests] + PANELS
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=110, squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         for mode, seeds in by_mode.items():
@@ -91,12 +104,18 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                             for records in seeds]
                 mean = mean_over_seeds(seeds, key)
                 ax.set_xlabel("step")
+            per_step = not key.startswith("test/")
             if len(seeds) > 1:
                 for points in per_seed:
-                    ax.plot([p[0] for p in points], [p[1] for p in points], color=color, alpha=0.25, linewidth=0.8)
+                    points = moving_average(points) if per_step else points
+                    ax.plot([p[0] for p in points], [p[1] for p in points], color=color, alpha=0.25, linewidth=0.6)
+            if mean and per_step:
+                ax.plot([p[0] for p in mean], [p[1] for p in mean], color=color, alpha=0.2, linewidth=0.8)
+                mean = moving_average(mean)
             if mean:
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
-                        label=mode + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color)
+                        label=mode + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
+                        linewidth=1.8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         finish_panel(ax, title, fontsize=10)
     return save(fig, path)
@@ -281,7 +300,9 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     compare_plot(runs, out / "compare.png")
     overoptimization_plot(runs, out / "overoptimization.png", curve)
     rm_health_plot({m: r for m, r in runs.items() if m != "rule"}, out / "rm_health.png")
-    benchmark = next((k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")), None)
+    # The verdict reads the held-out set when the task has one (the tiny task's `heldout`), else the first benchmark.
+    benchmarks = [k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")]
+    benchmark = "heldout" if "heldout" in benchmarks else next(iter(benchmarks), None)
     summaries = []
     if benchmark is not None:
         for (mode, seed), recs in records.items():

@@ -118,7 +118,9 @@ def test_workers_run_every_job_once_in_dependency_order(redis_client, run_id, mo
             for dep in graph.dependencies(job):
                 assert position[dep.id] < position[job.id], (dep.id, job.id)
     assert store.status("negatives:1")["status"] == JobStatus.DONE.value
-    assert store.result("score:2") == {"job": "score:2", "seconds": pytest.approx(store.result("score:2")["seconds"])}
+    score = store.result("score:2")
+    assert set(score) == {"job", "seconds"} and score["job"] == "score:2"
+    assert isinstance(score["seconds"], float) and 0 <= score["seconds"] < 60  # the worker timed the stage
     assert store.pending_count() == 0
 
 
@@ -208,8 +210,9 @@ def test_prepare_models_builds_only_for_services_this_run_starts(monkeypatch):
 def test_the_tiny_test_set_size_is_configurable_and_keeps_its_first_problems():
     from cooper.orchestrator.data import load_data
 
-    small = load_data(CooperConfig.model_validate({"run": {"seed": 4}}))[1]["tiny"]
-    large = load_data(CooperConfig.model_validate({"run": {"seed": 4}, "data": {"tiny_test_size": 256}}))[1]["tiny"]
-    assert (len(small), len(large)) == (64, 256)
-    assert len({row.question for row in large}) > 200  # distinct problems, not one problem repeated
-    assert [row.id for row in large[:64]] == [row.id for row in small]
+    small = load_data(CooperConfig.model_validate({"run": {"seed": 4}}))[1]
+    large = load_data(CooperConfig.model_validate({"run": {"seed": 4}, "data": {"tiny_test_size": 256}}))[1]
+    for name in ("heldout", "seen"):
+        assert (len(small[name]), len(large[name])) == (64, 256)
+        assert len({row.question for row in large[name]}) > 200  # distinct problems, not one problem repeated
+        assert [row.id for row in large[name][:64]] == [row.id for row in small[name]]

@@ -181,3 +181,17 @@ def test_rollout_mismatch_is_measured_and_truncated_importance_sampling_scales_t
     metrics, grads = run(bare, 1.2)
     assert not [k for k in metrics if k.startswith("rollout/")]
     assert all(torch.allclose(g, p, rtol=1e-5, atol=1e-8) for g, p in zip(grads, plain, strict=True))
+
+
+def test_only_the_newest_checkpoints_are_kept_and_the_newest_resumes(tmp_path: Path,
+                                                                    make_config: Callable[..., PolicyConfig]) -> None:
+    config = make_config(tmp_path, save_every=1, keep_checkpoints=2, grpo={"kl_coef": 0.0, "track_kl": False})
+    core = PolicyCore(config)
+    for step in range(5):
+        groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=6, seed=step))
+        core.train(f"keep/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2)
+        kept = sorted(p.name for p in tmp_path.iterdir())
+        assert kept == [f"v{v:08d}" for v in range(max(1, step), step + 2)]  # never more than 2, the newest always
+    resumed = PolicyCore(config)
+    assert resumed.version == 5 and resumed.last_key == "keep/4"
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), core.model.parameters(), strict=True))

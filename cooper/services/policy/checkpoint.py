@@ -31,9 +31,11 @@ def checkpoint_name(version: int) -> str:
 
 
 def save_checkpoint(
-    root: str | os.PathLike[str], model: Any, tokenizer: Any, optimizer_state: dict[str, Any], state: dict[str, Any]
+    root: str | os.PathLike[str], model: Any, tokenizer: Any, optimizer_state: dict[str, Any], state: dict[str, Any],
+    keep: int | None = None,
 ) -> Path:
-    """Write a complete checkpoint for `state["version"]` and return its directory."""
+    """Write a complete checkpoint for `state["version"]` and return its directory; then, with `keep`, delete all
+    but the newest `keep` complete checkpoints (the one just written is the newest unless a newer one exists)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     target = root / checkpoint_name(int(state["version"]))
@@ -55,16 +57,25 @@ def save_checkpoint(
             tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if keep is not None:
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def complete_checkpoints(root: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoints under `root`, oldest version first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    done = [p for p in root.glob("v" + "[0-9]" * 8) if (p / STATE_FILE).is_file()]
+    return sorted(done, key=lambda p: int(p.name[1:]))
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     """The complete checkpoint with the highest version under `root`, or None."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    done = [p for p in root.glob("v" + "[0-9]" * 8) if (p / STATE_FILE).is_file()]
-    return max(done, key=lambda p: int(p.name[1:]), default=None)
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
 
 
 def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:

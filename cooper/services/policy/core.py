@@ -271,7 +271,7 @@ class PolicyCore:
         state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
                  "model": self.cfg.model}
         path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, self.trainer.optimizer_state(),
-                               state)
+                               state, keep=self.cfg.keep_checkpoints)
         self.checkpoint = str(path)
         self.saved_version = self.version
         log.info("policy checkpoint %s (version %d)", path, self.version)
