@@ -72,7 +72,7 @@ def main() -> None:
         rewards = [r["reward_mean"] for r in recs]
         reward_ax.plot(steps, rewards, color=line.get_color(), alpha=0.15, linewidth=0.8)
         reward_ax.plot(steps, moving_average(rewards, 20), color=line.get_color(), label=label)
-        tests = [(-1, recs[0]["test_initial/seen"])] + [(r["step"], r["test/seen"]) for r in recs if "test/seen" in r]
+        tests = [(-1, recs[0]["test_initial/tiny"])] + [(r["step"], r["test/tiny"]) for r in recs if "test/tiny" in r]
         test_ax.plot([s + 1 for s, _ in tests], [t for _, t in tests], marker="o", color=line.get_color(), label=label)
         summary[label] = {
             "logprob_abs_diff_median": statistics.median(diffs),
@@ -86,7 +86,7 @@ def main() -> None:
     diff_ax.set(yscale="log", xlabel="step", ylabel="mean |log pi_old - log pi_rollout| (nats)",
                 title="rollout engine vs trainer, per token")
     reward_ax.set(xlabel="step", ylabel="training reward (verifier)", title="reward (moving average of 20)")
-    test_ax.set(xlabel="updates", ylabel="accuracy (256 problems x 2)", title="test accuracy (seen facts)")
+    test_ax.set(xlabel="updates", ylabel="test accuracy (256 problems x 2)", title="test accuracy")
     for ax in (diff_ax, reward_ax, test_ax):
         ax.grid(alpha=0.3)
     diff_ax.legend(fontsize=8)

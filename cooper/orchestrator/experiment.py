@@ -300,7 +300,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     compare_plot(runs, out / "compare.png")
     overoptimization_plot(runs, out / "overoptimization.png", curve)
     rm_health_plot({m: r for m, r in runs.items() if m != "rule"}, out / "rm_health.png")
-    # The verdict reads the held-out set when the task has one (the tiny task's `heldout`), else the first benchmark.
+    # The verdict reads a benchmark named `heldout` when the data has one, else the first benchmark.
     benchmarks = [k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")]
     benchmark = "heldout" if "heldout" in benchmarks else next(iter(benchmarks), None)
     summaries = []
