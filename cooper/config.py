@@ -519,7 +519,8 @@ class DataConfig(StrictModel):
     preset: Literal["tiny", "files"] = "tiny"
     """tiny: a synthetic arithmetic task built locally; files: train_path and test_paths."""
     tiny_test_size: int = Field(default=64, ge=1)
-    """Held-out problems of the tiny task (drawn by run.seed, like its training problems). A test accuracy over
+    """Test problems of the tiny task (drawn by run.seed, like its training problems, from the same 240 arithmetic
+    facts: in-distribution, not held out; docs/experiments.md). A test accuracy over
     n problems x eval.k samples wanders by about sqrt(0.25 / (n k)): +-0.044 at 64 x 2, +-0.022 at 256 x 2."""
     train_path: str | None = None
     """JSONL or parquet with `question` and `answer` (optional `id`, `data_source`)."""
@@ -539,7 +540,7 @@ class DataConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    """Evaluation on held-out problems."""
+    """Evaluation on test problems."""
 
     every: int = Field(default=0, ge=0)
     """Evaluate every N steps (and at the end); 0 never."""

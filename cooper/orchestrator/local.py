@@ -12,8 +12,6 @@ run's state; it is stopped on every exit (`close_redis`), and dies with a killed
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -103,11 +101,10 @@ class LocalServices:
                 self.addresses[name] = address
         local = [n for n in needed if n not in self.addresses]
         logs = self.run_dir / "logs"
-        env = self._service_env()
         # The verifier first: the generator needs its address. The others start together (started from this
         # thread, which lives as long as they do: see processes.die_with_parent).
         if "verifier" in local:
-            verifier = start_service("verifier", self.config_path, log_dir=logs, wait=False, env=env)
+            verifier = start_service("verifier", self.config_path, log_dir=logs, wait=False)
             self.started.append(verifier)
             wait_until_ready([verifier])
             self.addresses["verifier"] = verifier.address
@@ -116,24 +113,13 @@ class LocalServices:
             if name == "verifier":
                 continue
             overrides = [f"verifier.server.address={self.addresses['verifier']}"] if name == "generator" else []
-            rest.append(start_service(name, self.config_path, overrides, log_dir=logs, wait=False, env=env))
+            rest.append(start_service(name, self.config_path, overrides, log_dir=logs, wait=False))
         self.started += rest
         if rest:
             log.info("waiting for %s", ", ".join(s.name for s in rest))
             wait_until_ready(rest, timeout_s=600)
         for service in rest:
             self.addresses[service.name] = service.address
-
-    @property
-    def temp_dir(self) -> Path:
-        return self.run_dir / "tmp"
-
-    def _service_env(self) -> dict[str, str]:
-        """The services' environment: this one, with TMPDIR in the run directory. A SIGKILLed service leaves the
-        temp directory of Python's multiprocessing (pymp-*, removed only at a normal exit); there it stays with the
-        run it belongs to instead of piling up in the machine's temp directory, and a run that stops removes it."""
-        self.temp_dir.mkdir(parents=True, exist_ok=True)
-        return {**os.environ, "TMPDIR": str(self.temp_dir)}
 
     def _watch(self, poll_s: float = 0.5) -> None:
         """Until stop(): restart each started service that exited, up to run.service_restarts times each."""
@@ -189,6 +175,5 @@ class LocalServices:
             if self.started:
                 log.info("stopped %s in %.1f s", ", ".join(s.name for s in self.started), time.monotonic() - start)
             self.started.clear()
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join(timeout=30)

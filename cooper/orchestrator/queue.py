@@ -3,7 +3,9 @@
 Every key of a run lives under `<prefix>:<run_id>:`, so runs (and tests) never share keys. The pattern is the
 standard one for Redis streams: XADD to enqueue, XREADGROUP to take, XACK after the result is recorded, and
 XAUTOCLAIM to take over the pending jobs of a worker that died. Enqueueing is guarded by SET NX, so two workers
-that finish the two inputs of one job at the same moment enqueue it once.
+that finish the two inputs of one job at the same moment enqueue it once; the guard, the status and the XADD are one
+Lua script, so a process killed in the middle cannot leave a job marked enqueued that is on no queue (a resume would
+then skip it for good, and the run would wait forever: seen once in CI's SIGKILL test).
 """
 
 from __future__ import annotations
@@ -16,6 +18,17 @@ from typing import Any
 import redis
 
 GROUP = "workers"
+
+# KEYS: the enqueued flag, the status hash, the stream; ARGV: job id, status record. 1 if enqueued, 0 if it was before.
+# A script runs whole, with nothing between its commands, and reaches the append-only file as one block; the flag is
+# set last, so a command that fails (Redis does not roll a script back) leaves the job not enqueued, to be retried.
+_ENQUEUE_ONCE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('XADD', KEYS[3], '*', 'job', ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[1], 1)
+return 1
+"""
 
 
 class JobStatus(str, enum.Enum):
@@ -30,6 +43,7 @@ class RunStore:
         self.redis = client
         self.base = f"{prefix}:{run_id}"
         self.stream = self.key("jobs")
+        self._enqueue_once = client.register_script(_ENQUEUE_ONCE)
         try:
             self.redis.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
         except redis.ResponseError as err:
@@ -41,12 +55,10 @@ class RunStore:
 
     # -- queue ---------------------------------------------------------------------------------------------------
     def enqueue(self, job_id: str) -> bool:
-        """Put a job on the stream once; False if it was enqueued before."""
-        if not self.redis.set(self.key(f"enqueued:{job_id}"), 1, nx=True):
-            return False
-        self.set_status(job_id, JobStatus.QUEUED)
-        self.redis.xadd(self.stream, {"job": job_id})
-        return True
+        """Put a job on the stream once; False if it was enqueued before. Atomic (_ENQUEUE_ONCE)."""
+        record = json.dumps({"status": JobStatus.QUEUED.value, "time": time.time()})
+        keys = [self.key(f"enqueued:{job_id}"), self.key("status"), self.stream]
+        return bool(self._enqueue_once(keys=keys, args=[job_id, record]))
 
     def requeue(self, job_id: str) -> None:
         """Enqueue again after a failed attempt (the retry is a new stream entry)."""

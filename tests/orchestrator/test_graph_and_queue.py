@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import redis
 
 from cooper.config import CooperConfig
 from cooper.orchestrator import graph as g
@@ -215,3 +216,22 @@ def test_the_tiny_test_set_size_is_configurable_and_keeps_its_first_problems():
     assert (len(small), len(large)) == (64, 256)
     assert len({row.question for row in large}) > 200  # distinct problems, not one problem repeated
     assert [row.id for row in large[:64]] == [row.id for row in small]
+
+
+def test_enqueue_is_all_or_nothing(redis_client, run_id):
+    """The enqueued flag, the status and the stream entry are written together or not at all: a job marked enqueued
+    that is on no queue would be skipped by every resume, and the run would wait for it forever."""
+    store = RunStore(redis_client, "cooper-test", run_id)
+    assert store.enqueue("rollout:0") and not store.enqueue("rollout:0")
+    assert store.status("rollout:0")["status"] == JobStatus.QUEUED.value
+    assert [fields["job"] for _, fields in redis_client.xrange(store.stream)] == ["rollout:0"]
+    # The stream's XADD fails (its key holds a string): nothing of the job may be left behind...
+    broken = RunStore(redis_client, "cooper-test", run_id + "-broken")
+    redis_client.delete(broken.stream)
+    redis_client.set(broken.stream, "not a stream")
+    with pytest.raises(redis.ResponseError):
+        broken.enqueue("rollout:0")
+    assert not redis_client.exists(broken.key("enqueued:rollout:0")) and broken.status("rollout:0") is None
+    # ...so that once the cause is gone the job is enqueued, not skipped as enqueued before.
+    redis_client.delete(broken.stream)
+    assert RunStore(redis_client, "cooper-test", run_id + "-broken").enqueue("rollout:0")
