@@ -45,10 +45,19 @@ def test_cooper_experiment_from_an_empty_directory(tmp_path):
     cwd = tmp_path / "fresh"
     cwd.mkdir()
     result = _cooper(cwd, "experiment", "--modes", "rule,static", "--best-of-n", "2", "--no-progress",
-                     "run.steps=2", "run.name=first", "eval.every=0", timeout_s=280)
+                     "run.steps=2", "run.name=first", timeout_s=280)
     assert result.returncode == 0, result.stderr[-4000:]
     out = cwd / "runs" / "first"
     verdict = json.loads((out / "results.json").read_text())
     assert verdict["modes"] == ["rule", "static"]
     assert all(Path(p).is_absolute() and (Path(p) / "metrics.jsonl").is_file() for p in verdict["run_dirs"].values())
-    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for picture in ("compare.png", "overoptimization.png", "rm_health.png"):
+        assert (out / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
+    # The verdict is computed from the runs (two steps reproduce nothing: a mode that did not run fails its
+    # criteria), and the best-of-n baseline and the exploit report come from the initial models.
+    (seed,) = verdict["seeds"]
+    assert verdict["reproduced"] is False and verdict["benchmark"] == "tiny"
+    assert {(s["mode"], s["seed"]) for s in verdict["runs"]} == {("rule", seed), ("static", seed)}
+    assert verdict["criteria"][str(seed)]["cooper_keeps_up_with_rule"] is False
+    assert len(json.loads((out / "best_of_n.json").read_text())["curve"]) >= 2
+    assert (out / "exploits.md").read_text().startswith("#")
