@@ -68,8 +68,11 @@ SMOOTHING = 20
 def moving_average(points: Sequence[tuple[int, float]], width: int = SMOOTHING) -> list[tuple[int, float]]:
     """(x, mean of the last `width` values up to x) for each point: trailing, so a curve never looks ahead."""
     ys = [y for _, y in points]
-    return [(x, sum(ys[max(0, i - width + 1) : i + 1]) / len(ys[max(0, i - width + 1) : i + 1]))
-            for i, (x, _) in enumerate(points)]
+    out = []
+    for i, (x, _) in enumerate(points):
+        window = ys[max(0, i - width + 1) : i + 1]
+        out.append((x, sum(window) / len(window)))
+    return out
 
 
 def compare_plot(runs: Runs, path: Path) -> Path:

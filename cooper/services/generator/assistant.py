@@ -46,14 +46,6 @@ class Assistant(Protocol):
     async def close(self) -> None: ...
 
 
-def _torch_dtype(name: str, device: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, name)
-
-
 class TransformersAssistant:
     """An in-process Hugging Face causal LM with its chat template; "tiny" builds the local tiny model."""
 
@@ -63,17 +55,17 @@ class TransformersAssistant:
         from cooper.tiny.models import resolve_model
 
         path = resolve_model(config.model, "causal")
-        from cooper.runtime.devices import resolve_device
+        from cooper.runtime.devices import resolve_device, resolve_dtype
 
-        device = str(resolve_device(config.device, "generator.assistant.device"))
-        self.device = device
+        target = resolve_device(config.device, "generator.assistant.device")
+        self.device = str(target)
         self.batch_size = config.concurrency
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"  # decoder-only batches pad on the left so replies start aligned
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(config.dtype, device))
-        self.model = model.to(device)  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(config.dtype, target))
+        self.model = model.to(target)
         self.model.eval()
         self.max_len = config.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 4096
         self._lock = asyncio.Lock()

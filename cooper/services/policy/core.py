@@ -93,14 +93,13 @@ def resolve_world_size(world_size: int | str, device: torch.device) -> int:
     return ranks
 
 
-def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str,
-                 world_size: int = 1) -> RolloutEngine:
+def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str
+                 ) -> RolloutEngine:
     if cfg.engine == "vllm":
         # Imported here only: vLLM is the `gpu` extra and must never be imported on CPU code paths.
         from cooper.services.policy.vllm_engine import VLLMEngine
 
-        # Several ranks: this process holds their process group, which an in-process vLLM would join (vllm_engine).
-        return VLLMEngine(model, tokenizer, path, cfg, in_process=world_size == 1)
+        return VLLMEngine(model, tokenizer, path, cfg)
     from cooper.services.policy.hf_engine import TransformersEngine
 
     return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
@@ -157,7 +156,7 @@ class PolicyCore:
             if self.world_size == 1:  # the ranks load their shards of it themselves
                 self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             self._restore_state(checkpoint)
-        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path, self.world_size)
+        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self._lock = threading.Lock()
 

@@ -40,7 +40,7 @@ from cooper.services.policy.trainer import (
     lr_at,
     per_token_metrics,
     rollout_metrics,
-    rollout_sums,
+    rollout_sums_over,
 )
 
 SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", *ROLLOUT_SUM_KEYS, "tokens", "samples")
@@ -140,10 +140,7 @@ class RankTrainer(GRPOTrainer):
 
         self.model.eval()  # no dropout in any pass (see GRPOTrainer)
         old_logps = [self._logprobs(self.model, b) for b in batches]
-        mismatch = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
-        for old, b in zip(old_logps, batches, strict=True):
-            for key, value in rollout_sums(old, b, self.settings).items():
-                mismatch[key] += value
+        mismatch = rollout_sums_over(old_logps, batches, self.settings)
         ref_logps: list[Tensor | None] = [None] * len(batches)
         kl_seq = 0.0
         if self.reference is not None:

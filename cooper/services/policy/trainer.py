@@ -133,6 +133,16 @@ def rollout_sums(old: Tensor, batch: _Batch, settings: LossSettings) -> dict[str
     return sums
 
 
+def rollout_sums_over(old_logps: Sequence[Tensor], batches: Sequence[_Batch], settings: LossSettings
+                      ) -> dict[str, float]:
+    """`rollout_sums` added up over the micro-batches of an update."""
+    total = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
+    for old, batch in zip(old_logps, batches, strict=True):
+        for key, value in rollout_sums(old, batch, settings).items():
+            total[key] += value
+    return total
+
+
 def token_is_weights(old: Tensor, batch: _Batch, settings: LossSettings) -> Tensor | None:
     """The truncated importance weights of a micro-batch's tokens (1 where no rollout log-prob came); None: off."""
     if settings.rollout_is_cap is None:
@@ -274,10 +284,7 @@ class GRPOTrainer:
         # otherwise engine mismatch would masquerade as policy change and trigger clipping.
         self.model.eval()  # no dropout in any pass, so old_logp and logp are the same function of the weights
         old_logps = [self._logprobs(self.model, b) for b in batches]
-        mismatch = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
-        for old, b in zip(old_logps, batches, strict=True):
-            for key, value in rollout_sums(old, b, self.settings).items():
-                mismatch[key] += value
+        mismatch = rollout_sums_over(old_logps, batches, self.settings)
         ref_logps: list[Tensor | None] = [None] * len(batches)
         kl_seq = None
         if self.reference is not None:

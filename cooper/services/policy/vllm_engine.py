@@ -61,10 +61,6 @@ class WeightSyncExtension:
         """`weights`: (name, tensor) pairs by reference (in process), or `torch.save`d bytes from another process
         (vLLM's RPC cannot carry tensors: "cannot pickle memoryview objects")."""
         if isinstance(weights, bytes):
-            import io
-
-            import torch
-
             weights = list(torch.load(io.BytesIO(weights), weights_only=True).items())
         # The model runner's in-place reload, not the model's own `load_weights`: after loading, vLLM processes
         # some weights into its kernels' layout as new parameters without a weight loader (its CPU build does for
@@ -75,8 +71,10 @@ class WeightSyncExtension:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, model: Any, tokenizer: Any, path: str, cfg: PolicyConfig, in_process: bool = True):
-        """`in_process` False: the engine core in a process of its own (this process holds a process group)."""
+    def __init__(self, model: Any, tokenizer: Any, path: str, cfg: PolicyConfig):
+        # A process group here (the training ranks') would be joined by an in-process vLLM: then the engine core
+        # gets a process of its own (module docstring).
+        in_process = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         prepare_environment(in_process)
         vllm = import_vllm("policy.engine")
         self._vllm = vllm

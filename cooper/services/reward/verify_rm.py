@@ -13,6 +13,7 @@ rounding (tested to 1e-5). The model's own pooling picks the last non-pad token;
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -157,8 +158,8 @@ class VerifyRM:
     def __init__(self, model: Any, tokenizer: Any, optim: OptimConfig, max_length: int, source: str = "",
                  autocast_dtype: torch.dtype | None = None):
         """`autocast_dtype`: run forward passes under autocast in that dtype (bf16), the weights staying as loaded."""
-        self.model = model.eval()
-        self.autocast_dtype = autocast_dtype  # eval also while training: dropout off, as usual for reward models
+        self.model = model.eval()  # eval also while training: dropout off, as usual for reward models
+        self.autocast_dtype = autocast_dtype
         self.tokenizer = tokenizer
         self.encoder = Encoder(tokenizer, max_length)
         self.optim_config = optim
@@ -229,9 +230,9 @@ class VerifyRM:
 
     def forward(self, token_lists: Sequence[Sequence[int]]) -> torch.Tensor:
         """Raw logits [n] (float32), with autograd if enabled by the caller."""
-        if self.autocast_dtype is None:
-            return self.model(**self._batch(token_lists)).logits[:, 0].float()
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+        autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
             return self.model(**self._batch(token_lists)).logits[:, 0].float()
 
     # ----- scoring -----
