@@ -27,7 +27,7 @@ from pathlib import Path
 from cooper.config import AssistantConfig, ServerConfig
 from cooper.services.generator.assistant import TransformersAssistant
 from cooper.services.generator.examples import example_tasks
-from cooper.services.generator.negatives import LLMStrategy, PerturbStrategy, Strategy, make_negatives, valid_rate
+from cooper.services.generator.negatives import LLMStrategy, RuleStrategy, Strategy, make_negatives, valid_rate
 from cooper.services.generator.server import RemoteVerifier
 from cooper.services.verifier.client import VerifierClient
 
@@ -78,7 +78,7 @@ def main() -> None:
             client = VerifierClient(address, ServerConfig(deadline_s=120))
             client.wait_ready(30)
             verify = RemoteVerifier(client)
-            results = {"perturb": run(PerturbStrategy(), verify, args.repeats)}
+            results = {"perturb": run(RuleStrategy(), verify, args.repeats)}
             assistant = TransformersAssistant(AssistantConfig(model="tiny", device="cpu", concurrency=16))
             results["llm_tiny"] = run(LLMStrategy(assistant, 0.7, args.llm_extra_tokens), verify, args.repeats)
             client.close()

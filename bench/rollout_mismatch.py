@@ -72,7 +72,7 @@ def main() -> None:
         rewards = [r["reward_mean"] for r in recs]
         reward_ax.plot(steps, rewards, color=line.get_color(), alpha=0.15, linewidth=0.8)
         reward_ax.plot(steps, moving_average(rewards, 20), color=line.get_color(), label=label)
-        tests = [(-1, recs[0]["test_initial/tiny"])] + [(r["step"], r["test/tiny"]) for r in recs if "test/tiny" in r]
+        tests = [(-1, recs[0]["test_initial/heldout"])] + [(r["step"], r["test/heldout"]) for r in recs if "test/heldout" in r]
         test_ax.plot([s + 1 for s, _ in tests], [t for _, t in tests], marker="o", color=line.get_color(), label=label)
         summary[label] = {
             "logprob_abs_diff_median": statistics.median(diffs),

@@ -12,7 +12,7 @@ prompts, prompt template and sampling seeds via `stages.step_seed`), with evalua
     per completion on the main thread with one `ReferenceCache` (what a verifier pool worker does), score =
     `VerifyRM` logits of the whole batch in one forward pass (what the reward batcher does with one request of at
     most `reward.batching.max_batch_size` items), policy_update = `PolicyCore.train`, negatives = `make_negatives`
-    with `PerturbStrategy` and `rules.check` as the verify callable, reward_update = `VerifyRM.update` on the pairs.
+    with `RuleStrategy` and `rules.check` as the verify callable, reward_update = `VerifyRM.update` on the pairs.
     The step time is the wall time of the whole step, stage times are each stage's wall time.
 (b) services: `cooper.orchestrator.launch.train` on the same config in a temporary run directory: an embedded
     Redis, the four services as local processes, three stage workers. Stage times are the `time/<stage>` values of
@@ -76,7 +76,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.data import StepData, load_data, prompt_text
     from cooper.orchestrator.stages import step_seed
     from cooper.services.generator.negatives import Check as NegCheck
-    from cooper.services.generator.negatives import NegativeTask, PerturbStrategy, make_negatives
+    from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.trainer import RolloutSample
@@ -155,7 +155,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
                 if verdict == Verdict.CORRECT and pid not in positives:
                     positives[pid] = (e, c.text)
             tasks = [NegativeTask(pid, e.question, e.answer, text) for pid, (e, text) in positives.items()]
-            outcomes = asyncio.run(make_negatives(tasks, PerturbStrategy(), verify_pairs, config.generator.attempts))
+            outcomes = asyncio.run(make_negatives(tasks, RuleStrategy(), verify_pairs, config.generator.attempts))
             prefs = [PreferencePair(task.question, task.reference, task.positive, o.negative)
                      for task, o in zip(tasks, outcomes, strict=True) if o.valid]
             times["negatives"] = time.perf_counter() - start

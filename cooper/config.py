@@ -450,8 +450,9 @@ class GeneratorConfig(StrictModel):
 
     server: GeneratorServerConfig = Field(default_factory=GeneratorServerConfig)
     """gRPC server of the generator service."""
-    strategy: Literal["llm", "perturb"] = "perturb"
-    """llm: the assistant rewrites the positive; perturb: rule-based change of the final answer."""
+    strategy: Literal["llm", "perturb", "varied"] = "perturb"
+    """llm: the assistant rewrites the positive; perturb: rule-based change of the final answer; varied: rule-based,
+    the kinds of wrong solutions an assistant writes (a wrong step, work stopped early, a bare wrong answer)."""
     attempts: int = Field(default=3, ge=1)
     """Candidates tried per item before giving up."""
     temperature: float = Field(default=0.7, ge=0)

@@ -60,12 +60,17 @@ def read_rows(path: str | Path, source: str = "") -> list[Example]:
 
 
 def tiny_splits(seed: int, train_size: int = 2000, test_size: int = 64) -> tuple[list[Example], dict[str, list[Example]]]:
-    from cooper.tiny.task import make_split
+    """The tiny task's training prompts and its two test sets: `heldout`, problems whose arithmetic no model ever
+    saw (tiny/task.py holds its facts out of every other split), and `seen`, new problems over the training facts
+    (in-distribution: the same arithmetic as the training prompts, other names and numbers of draws)."""
+    from cooper.tiny.task import HELD_OUT_SPLIT, make_split
 
     def convert(problems, source):  # type: ignore[no-untyped-def]
         return [Example(p.id, p.question, p.answer, source) for p in problems]
 
-    return convert(make_split(train_size, seed, "train"), "tiny"), {"tiny": convert(make_split(test_size, seed, "test"), "tiny")}
+    tests = {"heldout": convert(make_split(test_size, seed, HELD_OUT_SPLIT), "heldout"),
+             "seen": convert(make_split(test_size, seed, "test"), "seen")}
+    return convert(make_split(train_size, seed, "train"), "tiny"), tests
 
 
 def load_data(config: CooperConfig) -> tuple[list[Example], dict[str, list[Example]]]:

@@ -34,7 +34,7 @@ from cooper.orchestrator.figures import (
     save,
 )
 from cooper.orchestrator.outputs import read_metrics
-from cooper.orchestrator.reproduction import judge, results_table, summarize
+from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
 from cooper.runtime.processes import die_with_parent
 
 MODES = ("rule", "static", "cooper")
@@ -312,11 +312,11 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
             start = recs[0].get(f"test_initial/{benchmark}") if recs else None
             if start is not None:
                 summaries.append(summarize(mode, seed, recs, f"test/{benchmark}", float(start)))
-    verdict = {**judge(summaries), "seeds": seeds, "modes": list(modes), "benchmark": benchmark,
+    verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes), "benchmark": benchmark,
                "seconds": round(time.monotonic() - started, 1), "provenance": provenance(config),
                "run_dirs": {f"{m}-s{s}": str(p) for (m, s), p in run_dirs.items()}}
     (out / "results.json").write_text(json.dumps(verdict, indent=2))
-    table = results_table(summaries)
+    table = results_table(summaries) + "\n\n" + across_seeds_table(verdict["across_seeds"])
     (out / "results.md").write_text(table + "\n")
     if curve:
         (out / "exploits.md").write_text(exploit_report(config, {mode: run_dirs[(mode, seeds[0])] for mode in modes}))

@@ -28,6 +28,9 @@ COOPER_SLACK = 0.05
 COOPER_AUROC = 0.8
 WINDOW = 10
 AUROC_KEY = "rm_auroc"
+# Two-sided 95% quantiles of Student's t by degrees of freedom (no scipy here); beyond the table, the normal's.
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        15: 2.131, 20: 2.086, 30: 2.042}
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,55 @@ def judge(summaries: Sequence[RunSummary]) -> dict[str, Any]:
         "criteria": {str(seed): checks for seed, checks in per_seed.items()},
         "runs": [asdict(s) for s in summaries],
     }
+
+
+def interval_95(values: Sequence[float]) -> dict[str, float | None]:
+    """The mean of `values` and its 95% t-interval over them (seeds are the samples); no interval for one value."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "low": None, "high": None}
+    df = len(values) - 1
+    t = T_95.get(df) or next((T_95[k] for k in sorted(T_95) if k >= df), 1.960)
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return {"mean": mean, "low": mean - half, "high": mean + half}
+
+
+def across_seeds(summaries: Sequence[RunSummary]) -> dict[str, Any]:
+    """Each mode's final test accuracy, its gain and its reward rise as a mean with a 95% interval over seeds, and
+    cooper - rule paired by seed (the same initial policy and prompts), with its interval."""
+    by_mode: dict[str, dict[int, RunSummary]] = {}
+    for s in summaries:
+        by_mode.setdefault(s.mode, {})[s.seed] = s
+    out: dict[str, Any] = {}
+    for mode, runs in by_mode.items():
+        out[mode] = {
+            "test_end": interval_95([r.test_end for r in runs.values()]),
+            "test_gain": interval_95([r.test_end - r.test_start for r in runs.values()]),
+            "reward_rise": interval_95([r.reward_end - r.reward_start for r in runs.values()]),
+        }
+    paired = sorted(set(by_mode.get("cooper", {})) & set(by_mode.get("rule", {})))
+    if paired:
+        out["cooper_minus_rule"] = interval_95([by_mode["cooper"][s].test_end - by_mode["rule"][s].test_end
+                                                for s in paired])
+    return out
+
+
+def across_seeds_table(aggregate: Mapping[str, Any]) -> str:
+    """Markdown: each mode's means and 95% intervals over seeds, then cooper - rule."""
+
+    def fmt(stat: Mapping[str, float | None]) -> str:
+        if stat["low"] is None:
+            return f"{stat['mean']:.3f}"
+        return f"{stat['mean']:.3f} [{stat['low']:.3f}, {stat['high']:.3f}]"
+
+    rows = ["| mode | test end | test gain | reward rise |", "| --- | --- | --- | --- |"]
+    for mode, stats in aggregate.items():
+        if mode != "cooper_minus_rule":
+            rows.append(f"| {mode} | {fmt(stats['test_end'])} | {fmt(stats['test_gain'])} | "
+                        f"{fmt(stats['reward_rise'])} |")
+    if "cooper_minus_rule" in aggregate:
+        rows.append(f"| cooper - rule | {fmt(aggregate['cooper_minus_rule'])} | | |")
+    return "\n".join(rows) + "\n\nMeans over seeds with 95% t-intervals in brackets."
 
 
 def results_table(summaries: Sequence[RunSummary]) -> str:

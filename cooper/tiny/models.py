@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cooper.tiny.task import make_split, wrong_solution
 
-TINY_VERSION = "v6"  # bump when the builders or the prompt change, so stale caches are not reused (v6: bare answers)
+TINY_VERSION = "v7"  # bump when the builders or the prompt change, so caches are not reused (v7: two-step problems)
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -14,7 +14,7 @@ from cooper.services.generator.negatives import (
     LLMStrategy,
     NegativeOutcome,
     NegativeTask,
-    PerturbStrategy,
+    RuleStrategy,
     make_negatives,
     valid_rate,
 )
@@ -48,7 +48,7 @@ def test_examples_are_correct_positives(verify_pairs):
 
 def test_perturb_negatives_fail_verification_against_the_reference(verify_pairs):
     tasks = example_tasks()
-    outcomes = asyncio.run(make_negatives(tasks, PerturbStrategy(), verify_pairs, attempts=3))
+    outcomes = asyncio.run(make_negatives(tasks, RuleStrategy(), verify_pairs, attempts=3))
     assert_bookkeeping(outcomes, tasks, 3)
     valid = [o for o in outcomes if o.valid]
     assert len(valid) >= 50 and valid_rate(outcomes) >= 0.95
@@ -61,7 +61,7 @@ def test_perturb_negatives_fail_verification_against_the_reference(verify_pairs)
 
 def test_a_positive_without_an_answer_gets_no_negative(verify_pairs):
     tasks = [NegativeTask("none", "What is 2 + 2?", "4", "I am not sure how to do this one.")]
-    [outcome] = asyncio.run(make_negatives(tasks, PerturbStrategy(), verify_pairs, attempts=2))
+    [outcome] = asyncio.run(make_negatives(tasks, RuleStrategy(), verify_pairs, attempts=2))
     assert not outcome.valid and outcome.attempts == 2
     assert all(r.startswith("empty: perturb found no final answer") for r in outcome.rejections)
 

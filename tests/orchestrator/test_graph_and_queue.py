@@ -211,11 +211,12 @@ def test_prepare_models_builds_only_for_services_this_run_starts(monkeypatch):
 def test_the_tiny_test_set_size_is_configurable_and_keeps_its_first_problems():
     from cooper.orchestrator.data import load_data
 
-    small = load_data(CooperConfig.model_validate({"run": {"seed": 4}}))[1]["tiny"]
-    large = load_data(CooperConfig.model_validate({"run": {"seed": 4}, "data": {"tiny_test_size": 256}}))[1]["tiny"]
-    assert (len(small), len(large)) == (64, 256)
-    assert len({row.question for row in large}) > 200  # distinct problems, not one problem repeated
-    assert [row.id for row in large[:64]] == [row.id for row in small]
+    small = load_data(CooperConfig.model_validate({"run": {"seed": 4}}))[1]
+    large = load_data(CooperConfig.model_validate({"run": {"seed": 4}, "data": {"tiny_test_size": 256}}))[1]
+    for name in ("heldout", "seen"):
+        assert (len(small[name]), len(large[name])) == (64, 256)
+        assert len({row.question for row in large[name]}) > 200  # distinct problems, not one problem repeated
+        assert [row.id for row in large[name][:64]] == [row.id for row in small[name]]
 
 
 def test_enqueue_is_all_or_nothing(redis_client, run_id):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from cooper.orchestrator.reproduction import judge, results_table, summarize
+import pytest
+
+from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
 
 
 def run(rewards, tests, auroc=None, kl=None):
@@ -49,3 +51,19 @@ def test_each_missing_part_fails_its_criterion() -> None:
         assert [k for k, ok in verdict["criteria"]["0"].items() if not ok] == [criterion]
     assert judge(finding()[:2])["criteria"]["0"]["cooper_rm_stays_honest"] is False  # a mode that did not run
     assert judge([])["reproduced"] is False
+
+
+def test_across_seeds_gives_means_95_intervals_and_cooper_minus_rule_paired_by_seed() -> None:
+    summaries = finding(rule_end=0.50, cooper_end=0.48) + finding(rule_end=0.60, cooper_end=0.50, seed=1)
+    summaries += finding(rule_end=0.55, cooper_end=0.55, seed=2)
+    aggregate = across_seeds(summaries)
+    rule = aggregate["rule"]["test_end"]
+    assert rule["mean"] == pytest.approx(0.55) and rule["low"] < 0.55 < rule["high"]
+    # stdev 0.05 over 3 seeds: half width t(2) * 0.05 / sqrt(3)
+    assert rule["high"] - rule["mean"] == pytest.approx(4.303 * 0.05 / 3 ** 0.5)
+    assert aggregate["rule"]["test_gain"]["mean"] == pytest.approx(0.25)
+    difference = aggregate["cooper_minus_rule"]
+    assert difference["mean"] == pytest.approx((-0.02 - 0.10 + 0.0) / 3) and difference["low"] < difference["mean"]
+    assert across_seeds(finding())["rule"]["test_end"]["low"] is None  # one seed: a mean, no interval
+    table = across_seeds_table(aggregate)
+    assert "| cooper - rule | -0.040 [" in table and "| static |" in table

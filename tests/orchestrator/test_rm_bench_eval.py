@@ -71,14 +71,14 @@ def test_step_record_logs_rm_bench_metrics_on_evaluation_steps(redis_client, run
         g.ROLLOUT: {"prompts": [{"example": "a"}], "policy_version": 0, "data_position": {"epoch": 0, "offset": 0}},
         g.VERIFY: {"verdicts": ["CORRECT"]}, g.SCORE: {"rewards": [0.9], "reward_version": 0},
         g.POLICY_UPDATE: {"metrics": {}, "policy_version": 1},
-        g.EVALUATE: {"accuracy": {"tiny": 0.5}, "policy_version": 1,
+        g.EVALUATE: {"accuracy": {"heldout": 0.5, "seen": 0.75}, "policy_version": 1,
                      "rm_bench": {"accuracy": 0.75, "auroc": 0.8, "reward_version": 0}},
     }
     for stage, result in results.items():
         store.finish(Job(1, stage).id, {**result, "seconds": 0.1})
     record = step_record(ctx, graph, 1)
     assert (record["rm_bench/accuracy"], record["rm_bench/auroc"], record["rm_bench/reward_version"]) == (0.75, 0.8, 0)
-    assert record["test/tiny"] == 0.5
+    assert (record["test/heldout"], record["test/seen"]) == (0.5, 0.75)
 
 
 def test_rm_benchmark_config(tmp_path):

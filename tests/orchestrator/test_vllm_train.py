@@ -30,5 +30,5 @@ def test_cooper_train_with_vllm_rollouts(tmp_path):
         assert record["policy/rollout/tokens_compared"] > 0
         assert record["policy/rollout/logprob_abs_diff"] < 1e-4
         assert record["policy/rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert "test/tiny" in records[-1]  # the final evaluation sampled through vLLM too
+    assert "test/heldout" in records[-1]  # the final evaluation sampled through vLLM too
     assert "Initializing a V1 LLM engine" in (tmp_path / "vllm" / "logs" / "policy.log").read_text()

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from cooper.services.generator.assistant import Assistant, ChatRequest
 from cooper.services.generator.perturb import answer_style, perturb
+from cooper.services.generator.varied import varied
 
 REWRITE_SYSTEM_PROMPT = (
     "You write wrong solutions to math problems, for training a model that must tell right solutions from wrong "
@@ -92,14 +93,19 @@ class Strategy(Protocol):
     async def propose(self, tasks: Sequence[NegativeTask], attempt: int) -> list[Candidate]: ...
 
 
-class PerturbStrategy:
-    """Rule-based: the positive with its final answer changed (perturb.py); no model."""
+class RuleStrategy:
+    """Rule-based, no model: `perturb` changes the positive's final answer (perturb.py); `varied` writes the kinds
+    of wrong solutions an assistant writes (varied.py)."""
+
+    def __init__(self, name: str = "perturb"):
+        self.name = name
+        self.rewrite = {"perturb": perturb, "varied": varied}[name]
 
     async def propose(self, tasks: Sequence[NegativeTask], attempt: int) -> list[Candidate]:
         out = []
         for task in tasks:
-            text = perturb(task.positive, attempt, seed=task.id)
-            out.append(Candidate(text) if text else Candidate("", "perturb found no final answer in the positive"))
+            text = self.rewrite(task.positive, attempt, seed=task.id)
+            out.append(Candidate(text) if text else Candidate("", f"{self.name} found no final answer in the positive"))
         return out
 
 

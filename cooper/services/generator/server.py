@@ -23,7 +23,7 @@ from cooper.services.generator.negatives import (
     Check,
     LLMStrategy,
     NegativeTask,
-    PerturbStrategy,
+    RuleStrategy,
     Strategy,
     make_negatives,
 )
@@ -71,8 +71,8 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         self.verify = verify
 
     async def _strategy(self) -> Strategy:
-        if self.config.strategy == "perturb":
-            return PerturbStrategy()
+        if self.config.strategy in ("perturb", "varied"):
+            return RuleStrategy(self.config.strategy)
         return LLMStrategy(await self.assistant.get(), self.config.temperature, self.config.extra_tokens)
 
     async def Negatives(

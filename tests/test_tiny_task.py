@@ -1,0 +1,64 @@
+"""The tiny task's held-out test set: problems whose arithmetic (the chain of operations and operands) no model
+ever saw, each of whose steps is a fact the training splits teach."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cooper.orchestrator.data import tiny_splits
+from cooper.tiny.task import HELD_OUT_CHAINS, HELD_OUT_SPLIT, make_split, one_step_facts, steps, two_step_chains
+from cooper.tiny.warm_start import RM_PROBLEMS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _keys(problems) -> set:  # type: ignore[no-untyped-def]
+    return {p.key for p in problems}
+
+
+def test_the_held_out_chains_are_a_fifth_of_each_kind_and_their_answers_are_right() -> None:
+    for ops in ("+-", "-+"):
+        chains = [key for key in two_step_chains() if key[0] == ops]
+        held = [key for key in chains if key in HELD_OUT_CHAINS]
+        assert len(chains) > 400 and 0.15 * len(chains) <= len(held) <= 0.25 * len(chains), ops
+    for p in make_split(200, 3, HELD_OUT_SPLIT):
+        ops, a, b, c = p.key
+        assert int(p.answer) == eval(f"{a} {ops[0]} {b} {ops[1]} {c}")  # noqa: S307 -- digits and +- only
+        assert p.solution.endswith(f"\\boxed{{{p.answer}}}.") and p.solution.count(" = ") == 2
+
+
+def test_no_training_split_holds_a_held_out_chain() -> None:
+    # Every split a model learns from, at the sizes and seeds the builders and the runs use: the SFT warm start, the
+    # VerifyRM's pretraining, the tokenizer's corpus, the generator's examples, RL's prompts (any run seed), and the
+    # in-distribution test set.
+    used = [("sft", 4000, 0), ("rm", RM_PROBLEMS, 0), ("corpus", 2000, 0), ("corpus", 200, 1),
+            ("generator-examples", 64, 0), ("rm-bench", 512, 0)]
+    used += [("train", 2000, seed) for seed in range(30)] + [("test", 256, seed) for seed in range(30)]
+    for split, n, seed in used:
+        keys = _keys(make_split(n, seed, split))
+        assert not keys & HELD_OUT_CHAINS, (split, seed)
+        assert any(len(key[0]) == 2 for key in keys), (split, seed)  # two-step problems are trained on, too
+    # And the builders draw their problems through make_split, nothing else.
+    for path in (ROOT / "cooper").rglob("*.py"):
+        if path.name != "task.py":
+            assert not re.search(r"\bmake_problem\(", path.read_text()), path
+
+
+def test_every_step_of_a_held_out_problem_is_a_fact_training_teaches() -> None:
+    trained_facts = {fact for p in make_split(4000, 0, "sft") for fact in steps(p.key)}
+    assert {fact for key in HELD_OUT_CHAINS for fact in steps(key)} <= trained_facts <= set(one_step_facts())
+
+
+def test_the_held_out_set_is_made_of_held_out_chains_only_and_covers_them() -> None:
+    train, tests = tiny_splits(seed=21, test_size=256)
+    assert list(tests) == ["heldout", "seen"]
+    held = make_split(256, 21, HELD_OUT_SPLIT)
+    assert _keys(held) <= HELD_OUT_CHAINS and len(_keys(held)) >= 0.5 * len(HELD_OUT_CHAINS)
+    assert [e.question for e in tests["heldout"]] == [p.question for p in held]
+    # Not one held-out question's arithmetic is among the run's training prompts, which is what "held out" means,
+    # while the in-distribution set's one-step problems are (nearly) all there.
+    assert not _keys(make_split(2000, 21, "train")) & _keys(held)
+    seen = {key for key in _keys(make_split(256, 21, "test")) if len(key[0]) == 1}
+    assert len(seen & _keys(make_split(2000, 21, "train"))) >= 0.95 * len(seen)
+    assert len(train) == 2000 and {e.data_source for e in tests["seen"]} == {"seen"}
