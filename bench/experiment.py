@@ -14,9 +14,10 @@ The criteria (cooper/orchestrator/reproduction.py), per seed:
 - cooper: final test accuracy >= rule's - 0.05, and VerifyRM's AUROC against the verifier on the policy's own
   samples >= 0.8 over the second half of the run (mean of its per-step values).
 
-The last line printed is one JSON object: per mode and seed the start/end test accuracy, the end training reward
-and the second-half AUROC; `reproduced` (true only when every criterion held for every seed that ran), the wall time
-and where the plots are.
+The last line printed is one JSON object: the benchmark judged (`heldout` on the tiny preset), per mode and seed the
+start/end test accuracy, the end training reward and the second-half AUROC; per mode the means over seeds with 95%
+intervals, and cooper - rule paired by seed; `reproduced` (true only when every criterion held for every seed that
+ran), the wall time and where the plots are.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def main() -> int:
         "auroc_second_half": None if r["auroc_second_half"] is None else round(r["auroc_second_half"], 4),
     } for r in results["runs"]}
     failed = {seed: [k for k, ok in checks.items() if not ok] for seed, checks in results["criteria"].items()}
-    print(json.dumps({"seeds": results["seeds"], "runs": per_run, "failed_criteria": failed,
+    print(json.dumps({"seeds": results["seeds"], "benchmark": results.get("benchmark"), "runs": per_run,
+                      "across_seeds": results.get("across_seeds"), "failed_criteria": failed,
                       "reproduced": results["reproduced"], "seconds": round(seconds, 1),
                       "plots": str(results_path.parent)}))
     return 0
