@@ -1,0 +1,124 @@
+"""How well the tiny VerifyRM's pretraining ranks the tiny policy's own samples, by budget and by kind of negative.
+
+    python bench/rm_pretraining.py [--problems 1500,3000] [--negatives last,carried] [--prompts 192] [--k 8]
+
+The samples: `--prompts` training prompts x `--k` completions of the SFT warm start (`tiny-sft`) at T = 1, labelled
+right or wrong by their boxed answer against the reference (the verifier's `answer: boxed` rule). For each budget
+and kind of negative, a fresh tiny VerifyRM is pretrained exactly as the preset's builder does
+(`cooper/tiny/warm_start.py`: a right and a wrong worked solution per problem, some answer-less texts, RM_EPOCHS at
+RM_LR), then scores every sample. Kinds of negative:
+- last: the builder's `wrong_solution`, the final number changed, which also breaks the last equation;
+- carried: an error at a random step carried through every later step, so the solution is consistent and only a
+  comparison with the reference rejects it (what the policy's own mistakes look like).
+The baseline in the same run is chance (AUROC 0.5) and the samples' own accuracy (best-of-1). The last line is one
+JSON object: per (kind, budget) the AUROC, the best-of-k verifier accuracy, and the seconds of pretraining.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import time
+
+import torch
+
+from cooper.config import DataConfig, OptimConfig
+from cooper.services.reward.items import LabelledTriple, ScoreItem
+from cooper.services.reward.verify_rm import VerifyRM
+from cooper.tiny import warm_start
+from cooper.tiny.models import tiny_reward_model_dir
+from cooper.tiny.task import NEAR_MISSES, Problem, make_split, steps, wrong_solution
+
+_BOXED = re.compile(r"\\boxed\{([^}]*)\}")
+
+
+def carried_error_solution(problem: Problem, rng: random.Random) -> str:
+    """The worked solution with one step's result wrong and every later step computed from it."""
+    chain = steps(problem.key)
+    wrong_at, previous, parts = rng.randrange(len(chain)), None, []
+    for index, (op, a, b) in enumerate(chain):
+        a = a if previous is None else previous
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        if index == wrong_at:
+            value += rng.choice(NEAR_MISSES)
+        parts.append(f"{a} {op} {b} = {value}")
+        previous = value
+    return f"We compute {', then '.join(parts)}. The answer is \\boxed{{{previous}}}."
+
+
+def policy_samples(prompts: int, k: int) -> list[tuple[Problem, str, bool]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = warm_start.tiny_sft_policy_dir()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(source).eval()
+    template = DataConfig().prompt_template
+    problems, samples = make_split(prompts, 3, "train"), []
+    torch.manual_seed(0)
+    for start in range(0, len(problems), 64):
+        chunk = problems[start : start + 64]
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": template.replace("{question}",
+                 p.question)}], tokenize=False, add_generation_prompt=True) for p in chunk]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(**encoded, do_sample=True, temperature=1.0, max_new_tokens=40,
+                                 num_return_sequences=k, pad_token_id=tokenizer.pad_token_id)
+        completions = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        for index, text in enumerate(completions):
+            problem = chunk[index // k]
+            boxes = _BOXED.findall(text)
+            samples.append((problem, text, bool(boxes) and boxes[-1].strip() == problem.answer))
+    return samples
+
+
+def auroc(scores: list[float], labels: list[bool]) -> float:
+    right = [s for s, label in zip(scores, labels, strict=True) if label]
+    wrong = [s for s, label in zip(scores, labels, strict=True) if not label]
+    return sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
+
+
+def pretrained_rm(problems: int, negatives: str) -> VerifyRM:
+    rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
+    rng, triples = random.Random(1), []
+    wrong = wrong_solution if negatives == "last" else carried_error_solution
+    for p in make_split(problems, 0, "rm"):
+        triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
+        triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), 0))
+        if rng.random() < warm_start.ANSWERLESS_SHARE:
+            triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
+    rm.pretrain(triples, epochs=warm_start.RM_EPOCHS, lr=warm_start.RM_LR, batch_size=32, seed=0)
+    return rm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", default=str(warm_start.RM_PROBLEMS), help="comma-separated budgets")
+    parser.add_argument("--negatives", default="last,carried", help="comma-separated kinds: last, carried")
+    parser.add_argument("--prompts", type=int, default=192)
+    parser.add_argument("--k", type=int, default=8, help="samples per prompt (best-of-k)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    samples = policy_samples(args.prompts, args.k)
+    labels = [right for _, _, right in samples]
+    results = {"samples": len(samples), "sample_accuracy": round(sum(labels) / len(labels), 4), "runs": {}}
+    print(f"{len(samples)} samples, accuracy {results['sample_accuracy']}", flush=True)
+    for negatives in args.negatives.split(","):
+        for problems in map(int, args.problems.split(",")):
+            started = time.perf_counter()
+            rm = pretrained_rm(problems, negatives)
+            seconds = time.perf_counter() - started
+            scores = [s for s, _ in rm.score([ScoreItem(p.question, p.answer, text) for p, text, _ in samples])]
+            groups = range(0, len(samples), args.k)
+            best = [max(zip(scores[i : i + args.k], labels[i : i + args.k], strict=True))[1] for i in groups]
+            run = {"auroc": round(auroc(scores, labels), 4), "best_of_k_accuracy": round(sum(best) / len(best), 4),
+                   "seconds": round(seconds, 1)}
+            results["runs"][f"{negatives}/{problems}"] = run
+            print(f"{negatives} {problems}: {run}", flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
