@@ -6,26 +6,28 @@ the journaled updates after it again, in order, so it comes back at the version 
 update is lost, and none is applied twice (its key is back in the recorded results, so a retry is answered from
 them). Once a checkpoint that includes an entry is on disk, the entry is deleted (`prune`).
 
-One file per update, `u<version, 8 digits>.json` (the version the update produced), written to a temp name,
+One file per update, `u<version, 8 digits>.pt` (the version the update produced), written to a temp name,
 fsynced and renamed into place, then the directory fsynced: a crash mid-append leaves no partial entry, and an
 entry that `append` returned from survives a power cut. Each entry names the key applied before it
 (`after_key`), so `chain` follows one history only and never applies an entry left over from another (a service
 put back on an older checkpoint, whose journal still holds entries of the updates that checkpoint lacks).
 
-JSON rather than pickle: an entry holds token ids and floats only, Python's float repr round-trips exactly, and a
-journal file never runs code when read.
+`torch.save` of tensors, read back with `weights_only`: an entry holds token ids, floats, strings and numbers only,
+so reading one never runs code, and a rollout of the 1.5B preset's shape (64 x 16 completions of 1,024 tokens with
+their log-probs) is 9 MB written in a fraction of a second; as JSON it was 29 MB and 3 s on the training path.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
-_ENTRY = re.compile(r"^u(\d{8})\.json$")
+import torch
+
+_ENTRY = re.compile(r"^u(\d{8})\.pt$")
 
 
 def _fsync_directory(path: Path) -> None:
@@ -43,6 +45,10 @@ class UpdateJournal:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root)
 
+    def path(self, version: int) -> Path:
+        """The entry of the update that produced `version`."""
+        return self.root / f"u{version:08d}.pt"
+
     def versions(self) -> list[int]:
         """The versions with an entry, ascending."""
         if not self.root.is_dir():
@@ -56,13 +62,13 @@ class UpdateJournal:
         if "key" not in record:
             raise ValueError("a journal record needs the key of its update")
         self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=self.root)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=self.root)
         try:
-            with os.fdopen(fd, "w") as out:
-                json.dump({"version": version, "after_key": after_key, **record}, out, separators=(",", ":"))
+            with os.fdopen(fd, "wb") as out:
+                torch.save({"version": version, "after_key": after_key, **record}, out)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(tmp, self.root / f"u{version:08d}.json")
+            os.replace(tmp, self.path(version))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -74,10 +80,10 @@ class UpdateJournal:
         entry (nothing after it can be applied: the update it follows is not in this history)."""
         found = []
         for expected in range(version + 1, version + 1 + len(self.versions())):
-            path = self.root / f"u{expected:08d}.json"
+            path = self.path(expected)
             if not path.is_file():
                 break
-            entry = json.loads(path.read_text())
+            entry = torch.load(path, map_location="cpu", weights_only=True)
             if entry["after_key"] != last_key:
                 break
             found.append(entry)
@@ -88,7 +94,7 @@ class UpdateJournal:
         """Delete the entries of versions up to `through`: a checkpoint of `through` is on disk."""
         for version in self.versions():
             if version <= through:
-                (self.root / f"u{version:08d}.json").unlink(missing_ok=True)
+                self.path(version).unlink(missing_ok=True)
 
     def discard_partial(self) -> None:
         """Delete the temp files of appends a crash cut short. Only at start-up: at any other time one may be an

@@ -22,7 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from cooper.services.policy.checkpoint import (
 )
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors
 from cooper.tiny.models import resolve_model
 
 JOURNAL_DIR = "journal"
@@ -119,6 +119,14 @@ def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.
     from cooper.services.policy.hf_engine import TransformersEngine
 
     return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
+
+
+def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int,
+                   metrics: dict[str, float]) -> dict[str, Any]:
+    """One applied Train as the update journal keeps it: what `_replay_journal` needs to apply it again, and the
+    result it answered. Rewards in float64, so the replay sees exactly the floats the request carried."""
+    return {"key": key, "rollout": rollout_tensors(samples), "rewards": torch.tensor(list(rewards), dtype=torch.float64),
+            "group_size": group_size, "metrics": metrics}
 
 
 class PolicyCore:
@@ -201,8 +209,7 @@ class PolicyCore:
             return
         entries = self.journal.chain(self.version, self.last_key)
         for entry in entries:
-            samples = [RolloutSample(**sample) for sample in entry["samples"]]
-            self.trainer.train_step(samples, entry["rewards"], entry["group_size"])
+            self.trainer.train_step(rollout_samples(entry["rollout"]), entry["rewards"].tolist(), entry["group_size"])
             self.version += 1
             self._record(entry["key"], entry["metrics"])
         if entries:
@@ -276,9 +283,8 @@ class PolicyCore:
                 metrics = self.trainer.train_step(samples, rewards, group_size)
                 self.version += 1
                 if self.journal:  # before the answer: an update this service answered is never lost
-                    self.journal.append(self.version, self.last_key, {
-                        "key": key, "samples": [asdict(s) for s in samples], "rewards": list(rewards),
-                        "group_size": group_size, "metrics": metrics})
+                    self.journal.append(self.version, self.last_key,
+                                        journal_record(key, samples, rewards, group_size, metrics))
                 self.engine.sync_weights()
                 self._record(key, metrics)
                 if self.cfg.save_every and self.version % self.cfg.save_every == 0:
