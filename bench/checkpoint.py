@@ -95,6 +95,26 @@ def journal_cost(root: Path, rollout: dict[str, int], repeats: int) -> dict[str,
     return {"seconds": statistics.median(seconds), "bytes": size}
 
 
+def copy_and_write_beside(update: Callable[[], float], model: Any, tokenizer: Any, trainer: GRPOTrainer, root: Path,
+                          version: int) -> tuple[float, float, float]:
+    """What the training path does after: copy the state, start its background write, run the next update. Returns
+    (copy seconds, write seconds, seconds of the update that ran beside the write)."""
+    started = time.perf_counter()
+    weights, optimizer_state = snapshot_state(model, trainer.optimizer_state())
+    copy_s = time.perf_counter() - started
+    write_s: list[float] = []
+
+    def write() -> None:
+        write_s.append(timed(lambda: save_checkpoint(root, model, tokenizer, optimizer_state, {"version": version},
+                                                     keep=1, weights=weights)))
+
+    writer = BackgroundSave()
+    writer.start(write)
+    beside = update()
+    writer.wait()
+    return copy_s, write_s[0], beside
+
+
 def measure(model: Any, tokenizer: Any, root: Path, repeats: int, rollout: dict[str, int], micro_batch: int
             ) -> dict[str, float]:
     trainer = GRPOTrainer(model, None, LossSettings(kl_coef=0.0), lr=1e-6, micro_batch_size=micro_batch,
@@ -105,26 +125,15 @@ def measure(model: Any, tokenizer: Any, root: Path, repeats: int, rollout: dict[
         return timed(lambda: trainer.train_step(samples, rewards, rollout["n"]))
 
     update()  # warm-up; the AdamW moments exist from here on, as after any update
-    updates, saves, copies, writes, beside = [], [], [], [], []
-    size = 0
+    updates, saves, after = [], [], []
     for version in range(1, repeats + 1):
         updates.append(update())
-        state = {"version": version}
-        saves.append(timed(lambda: save_checkpoint(root / "sync", model, tokenizer, trainer.optimizer_state(),
-                                                   state, keep=1)))
-        size = size_of(root / "sync" / f"v{version:08d}")
-        started = time.perf_counter()
-        weights, optimizer_state = snapshot_state(model, trainer.optimizer_state())
-        copies.append(time.perf_counter() - started)
-        write_s: list[float] = []
-        writer = BackgroundSave()
-        writer.start(lambda: write_s.append(timed(lambda: save_checkpoint(
-            root / "background", model, tokenizer, optimizer_state, state, keep=1, weights=weights))))
-        beside.append(update())
-        writer.wait()
-        writes.append(write_s[0])
-        del weights, optimizer_state
+        saves.append(timed(lambda v=version: save_checkpoint(root / "sync", model, tokenizer, trainer.optimizer_state(),
+                                                             {"version": v}, keep=1)))
+        after.append(copy_and_write_beside(update, model, tokenizer, trainer, root / "background", version))
+    size = size_of(root / "sync" / f"v{repeats:08d}")
     shutil.rmtree(root, ignore_errors=True)
+    copies, writes, beside = zip(*after, strict=True)
     return {"parameters": sum(p.numel() for p in model.parameters()), "bytes": size,
             "update_s": statistics.median(updates), "save_s": statistics.median(saves),
             "copy_s": statistics.median(copies), "write_s": statistics.median(writes),
@@ -165,7 +174,7 @@ def tiny_end_to_end(every: int) -> dict[str, float]:
             samples = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
             rewards = [float(i % 2) for i in range(len(samples))]
             for name, core in cores.items():
-                seconds[name].append(timed(lambda core=core: core.train(f"bench/{step}", samples, rewards, 4)))
+                seconds[name].append(timed(lambda c=core, k=f"bench/{step}", s=samples, r=rewards: c.train(k, s, r, 4)))
         cores["after"].wait_for_saves()
     out = {name: statistics.mean(values) for name, values in seconds.items()}
     out["share_before"] = max(0.0, out["before"] - out["none"]) / out["before"]
