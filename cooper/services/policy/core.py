@@ -125,8 +125,8 @@ def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence
                    metrics: dict[str, float]) -> dict[str, Any]:
     """One applied Train as the update journal keeps it: what `_replay_journal` needs to apply it again, and the
     result it answered. Rewards in float64, so the replay sees exactly the floats the request carried."""
-    return {"key": key, "rollout": rollout_tensors(samples), "rewards": torch.tensor(list(rewards), dtype=torch.float64),
-            "group_size": group_size, "metrics": metrics}
+    return {"key": key, "rollout": rollout_tensors(samples),
+            "rewards": torch.tensor(list(rewards), dtype=torch.float64), "group_size": group_size, "metrics": metrics}
 
 
 class PolicyCore:
