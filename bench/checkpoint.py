@@ -1,14 +1,33 @@
-"""What one policy checkpoint costs: seconds and bytes of `save_checkpoint`, for the tiny model and a
-Qwen2.5-0.5B-shaped one, against the seconds of one training step of the tiny preset.
+"""What a policy checkpoint costs, and the share of an update the training path spends on it, before and after
+the update journal with background checkpoints (issue 31).
 
-    python bench/checkpoint.py [--repeats 3] [--skip-large] [--dir DIR]
+    python bench/checkpoint.py [--repeats 3] [--skip-large] [--every 10] [--dir DIR]
+
+Before: a full checkpoint written on the training path after every update (what local runs did;
+`policy.save_every=1 policy.save_in_background=false policy.journal=false`). After (the defaults): every update
+appends a journal entry (its rollout, fsynced), and every `--every` (K, policy.save_every) updates the training path
+copies the state to host memory (`snapshot_state`) while a background thread writes the copy.
 
 The models are random, built from a config (no hub): the tiny preset's policy, and a Qwen2 with Qwen2.5-0.5B's shape
-(24 layers, hidden 896, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936; 494M parameters). Each is
-saved the way the policy service saves it: float32 weights as safetensors, the tokenizer, and the AdamW state
-(two float32 moments per parameter, after one real optimizer step). The baseline in the same run is the tiny
-preset's training step (one GRPO update of 8 prompts x 4 samples on the tiny policy), which local runs follow with
-a checkpoint every time. Medians of --repeats saves; the last line is one JSON object.
+(24 layers, hidden 896, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936; 494M parameters). Each is saved
+the way the policy service saves it (float32 safetensors, tokenizer, AdamW state, fsynced). The update is one real
+GRPO `train_step` on a synthetic rollout: the tiny preset's shape for the tiny model (8 prompts x 4 samples, 32
+prompt and 40 completion tokens); for the 0.5B-shaped one a rollout this CPU can afford (2 x 2, 16 + 16 tokens), so
+its update is far shorter than a real step and its shares are upper bounds. The journal entry is measured for the
+tiny preset's rollout and for the 1.5B preset's (64 prompts x 16 samples, 256 prompt tokens, 1,024 completion
+tokens with log-probs: its largest). Measured per model, medians of --repeats:
+
+- save_s, bytes: one synchronous checkpoint (before: every update);
+- copy_s: `snapshot_state` (after: on the training path every K updates);
+- write_s: the background write of that copy, and update_during_write_s: an update running beside it (this 2-core
+  CPU shares its cores and disk with the writer; on a GPU the update barely competes);
+- update_s: one update with no checkpointing.
+
+Shares of an update spent on checkpointing, on the training path:
+  before:   save_s / (update_s + save_s)
+  after(K): on / (update_s + on),  on = journal_s + (copy_s + update_during_write_s - update_s) / K
+The tiny model is also measured end to end through `PolicyCore.train` (mean seconds per update over 2K updates in
+each configuration). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -19,88 +38,194 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cooper.services.policy.checkpoint import save_checkpoint
-from cooper.tiny.models import tiny_tokenizer_dir
+from cooper.runtime.journal import UpdateJournal
+from cooper.services.policy.checkpoint import BackgroundSave, save_checkpoint, snapshot_state
+from cooper.services.policy.core import journal_record
+from cooper.services.policy.grpo import LossSettings
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
+from cooper.tiny.models import resolve_model, tiny_tokenizer_dir
 
 QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN_15B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+            "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+TINY_ROLLOUT = {"prompts": 8, "n": 4, "prompt_tokens": 32, "completion_tokens": 40}
+SMALL_ROLLOUT = {"prompts": 2, "n": 2, "prompt_tokens": 16, "completion_tokens": 16}
+PRESET_15B_ROLLOUT = {"prompts": 64, "n": 16, "prompt_tokens": 256, "completion_tokens": 1024}
 
 
 def size_of(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def measure(model: Any, tokenizer: Any, root: Path, repeats: int) -> dict[str, float]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    optimizer.step()  # the moments exist, as after any update
-    state = {"optimizer": optimizer.state_dict(), "updates": 1}
-    seconds, size = [], 0
-    for version in range(1, repeats + 1):
-        started = time.perf_counter()
-        path = save_checkpoint(root, model, tokenizer, state, {"version": version}, keep=1)
-        seconds.append(time.perf_counter() - started)
-        size = size_of(path)
+def timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def synthetic_rollout(vocab: int, prompts: int, n: int, prompt_tokens: int, completion_tokens: int
+                      ) -> tuple[list[RolloutSample], list[float]]:
+    """Random token ids in the layout Train receives (n completions per prompt, with the engine's log-probs)."""
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for _ in range(prompts):
+        prompt = torch.randint(4, vocab, (prompt_tokens,), generator=generator).tolist()
+        for _ in range(n):
+            completion = torch.randint(4, vocab, (completion_tokens,), generator=generator).tolist()
+            logprobs = (-torch.rand(completion_tokens, generator=generator) * 5).tolist()
+            samples.append(RolloutSample(prompt, completion, logprobs))
+    return samples, [float(i % 2) for i in range(len(samples))]
+
+
+def journal_cost(root: Path, rollout: dict[str, int], repeats: int) -> dict[str, float]:
+    """Seconds and bytes of one journal append (what Train now writes before it answers) for a rollout shape."""
+    samples, rewards = synthetic_rollout(151936, **rollout)
+    journal = UpdateJournal(root)
+    seconds = [timed(lambda v=v: journal.append(v, "bench/prev", journal_record(
+        "bench/0", samples, rewards, rollout["n"], {"loss": 0.0}))) for v in range(1, repeats + 1)]
+    size = journal.path(repeats).stat().st_size
     shutil.rmtree(root, ignore_errors=True)
-    return {"parameters": sum(p.numel() for p in model.parameters()), "seconds": statistics.median(seconds),
-            "bytes": size}
+    return {"seconds": statistics.median(seconds), "bytes": size}
 
 
-def tiny_step_seconds(repeats: int) -> float:
-    """One GRPO update of the tiny preset's shape (8 prompts x 4 samples, 40 new tokens) on the tiny policy."""
+def copy_and_write_beside(update: Callable[[], float], model: Any, tokenizer: Any, trainer: GRPOTrainer, root: Path,
+                          version: int) -> tuple[float, float, float]:
+    """What the training path does after: copy the state, start its background write, run the next update. Returns
+    (copy seconds, write seconds, seconds of the update that ran beside the write)."""
+    started = time.perf_counter()
+    weights, optimizer_state = snapshot_state(model, trainer.optimizer_state())
+    copy_s = time.perf_counter() - started
+    write_s: list[float] = []
+
+    def write() -> None:
+        write_s.append(timed(lambda: save_checkpoint(root, model, tokenizer, optimizer_state, {"version": version},
+                                                     keep=1, weights=weights)))
+
+    writer = BackgroundSave()
+    writer.start(write)
+    beside = update()
+    writer.wait()
+    return copy_s, write_s[0], beside
+
+
+def measure(model: Any, tokenizer: Any, root: Path, repeats: int, rollout: dict[str, int], micro_batch: int
+            ) -> dict[str, float]:
+    trainer = GRPOTrainer(model, None, LossSettings(kl_coef=0.0), lr=1e-6, micro_batch_size=micro_batch,
+                          pad_id=tokenizer.pad_token_id)
+    samples, rewards = synthetic_rollout(model.config.vocab_size, **rollout)
+
+    def update() -> float:
+        return timed(lambda: trainer.train_step(samples, rewards, rollout["n"]))
+
+    update()  # warm-up; the AdamW moments exist from here on, as after any update
+    updates, saves, after = [], [], []
+    for version in range(1, repeats + 1):
+        updates.append(update())
+        saves.append(timed(lambda v=version: save_checkpoint(root / "sync", model, tokenizer, trainer.optimizer_state(),
+                                                             {"version": v}, keep=1)))
+        after.append(copy_and_write_beside(update, model, tokenizer, trainer, root / "background", version))
+    size = size_of(root / "sync" / f"v{repeats:08d}")
+    shutil.rmtree(root, ignore_errors=True)
+    copies, writes, beside = zip(*after, strict=True)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "bytes": size,
+            "update_s": statistics.median(updates), "save_s": statistics.median(saves),
+            "copy_s": statistics.median(copies), "write_s": statistics.median(writes),
+            "update_during_write_s": statistics.median(beside)}
+
+
+def shares(m: dict[str, float], journal_s: float, every: int) -> dict[str, float]:
+    """The share of an update spent checkpointing on the training path, before and after (K = 1 and K = every)."""
+    out = {"before": m["save_s"] / (m["update_s"] + m["save_s"])}
+    slowdown = max(0.0, m["update_during_write_s"] - m["update_s"])
+    for k in sorted({1, every}):
+        on = journal_s + (m["copy_s"] + slowdown) / k
+        out[f"after_every_{k}"] = on / (m["update_s"] + on)
+    return out
+
+
+def tiny_end_to_end(every: int) -> dict[str, float]:
+    """Mean seconds per `PolicyCore.train` on the tiny policy, no checkpoints / before / after, over 2 * every
+    updates of the tiny preset's rollout shape (sampled by its own engine). The three cores train in turn on the same
+    rollouts, so the machine's noise falls on all three alike."""
     from cooper.config import PolicyConfig
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
-    from cooper.services.policy.trainer import RolloutSample
     from cooper.tiny.task import make_split
 
+    settings = {"none": {"save_every": 0, "journal": False},
+                "before": {"save_every": 1, "save_in_background": False, "journal": False},
+                "after": {"save_every": every}}
+    prompts = [p.question for p in make_split(8, 0, "bench")]
+    seconds: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as tmp:
-        core = PolicyCore(PolicyConfig.model_validate({
-            "model": "tiny", "device": "cpu", "torch_threads": 1, "checkpoint_dir": tmp,
-            "optim": {"lr": 1e-4, "micro_batch_size": 32}, "server": {"metrics_port": None}}))
-        prompts = [p.question for p in make_split(8, 0, "bench")]
-        times = []
-        for step in range(repeats):
-            groups, _ = core.generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=step))
-            samples = [RolloutSample(c.prompt_token_ids, c.token_ids) for g in groups for c in g]
+        cores = {name: PolicyCore(PolicyConfig.model_validate({
+            "model": "tiny", "device": "cpu", "torch_threads": 1, "checkpoint_dir": f"{tmp}/{name}",
+            "optim": {"lr": 1e-4, "micro_batch_size": 32}, "server": {"metrics_port": None}, **extra}))
+            for name, extra in settings.items()}
+        for step in range(2 * every):
+            groups, _ = cores["none"].generate(prompts, SamplingParams(n=4, max_new_tokens=40, seed=step))
+            samples = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
             rewards = [float(i % 2) for i in range(len(samples))]
-            started = time.perf_counter()
-            core.train(f"bench/{step}", samples, rewards, 4)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+            for name, core in cores.items():
+                seconds[name].append(timed(lambda c=core, k=f"bench/{step}", s=samples, r=rewards: c.train(k, s, r, 4)))
+        cores["after"].wait_for_saves()
+    out = {name: statistics.mean(values) for name, values in seconds.items()}
+    out["share_before"] = max(0.0, out["before"] - out["none"]) / out["before"]
+    out["share_after"] = max(0.0, out["after"] - out["none"]) / out["after"]
+    return out
+
+
+def parameters_of(shape: dict[str, Any]) -> int:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):  # shapes only, no memory
+        return sum(p.numel() for p in Qwen2ForCausalLM(Qwen2Config(**shape)).parameters())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--every", type=int, default=10, help="K, policy.save_every after (default 10)")
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     parser.add_argument("--dir", help="where to write (default: a temp directory)")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the tiny preset's policy.torch_threads
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir())
     base = Path(args.dir or tempfile.mkdtemp(prefix="cooper-ckpt-bench-"))
-    results: dict[str, Any] = {}
-    from cooper.tiny.models import resolve_model
-
+    journal = {"tiny_preset": journal_cost(base / "journal", TINY_ROLLOUT, args.repeats),
+               "qwen2.5-1.5b_preset": journal_cost(base / "journal", PRESET_15B_ROLLOUT, args.repeats)}
+    print(f"journal entry: {journal}", flush=True)
+    results: dict[str, Any] = {"journal": journal}
     tiny = Qwen2ForCausalLM.from_pretrained(resolve_model("tiny", "causal"))
-    results["tiny"] = measure(tiny, tokenizer, base / "tiny", args.repeats)
-    step = tiny_step_seconds(args.repeats)
-    results["tiny"]["share_of_step"] = results["tiny"]["seconds"] / (results["tiny"]["seconds"] + step)
+    results["tiny"] = measure(tiny, tokenizer, base / "tiny", args.repeats, TINY_ROLLOUT, 32)
+    results["tiny"]["share"] = shares(results["tiny"], journal["tiny_preset"]["seconds"], args.every)
+    results["tiny"]["end_to_end_s_per_update"] = tiny_end_to_end(args.every)
     print(f"tiny: {results['tiny']}", flush=True)
     if not args.skip_large:
+        torch.set_num_threads(2)  # every core of this machine
         torch.manual_seed(0)
         large = Qwen2ForCausalLM(Qwen2Config(**QWEN_05B))
-        results["qwen2.5-0.5b-shaped"] = measure(large, tokenizer, base / "large", args.repeats)
-        print(f"0.5B-shaped: {results['qwen2.5-0.5b-shaped']}", flush=True)
+        # A 0.5B update journals a rollout of the 1.5B preset's shape at most: the journal cost does not grow with
+        # the model, only with the rollout.
+        m = measure(large, tokenizer, base / "large", args.repeats, SMALL_ROLLOUT, 2)
+        m["share"] = shares(m, journal["qwen2.5-1.5b_preset"]["seconds"], args.every)
+        results["qwen2.5-0.5b-shaped"] = m
+        print(f"0.5B-shaped: {m}", flush=True)
+        scale = parameters_of(QWEN_15B) / m["parameters"]
+        results["qwen2.5-1.5b_estimate"] = {"parameters_ratio": scale, "bytes": m["bytes"] * scale,
+                                            "save_s": m["save_s"] * scale, "copy_s": m["copy_s"] * scale,
+                                            "write_s": m["write_s"] * scale}
     shutil.rmtree(base, ignore_errors=True)
-    print(json.dumps({"bench": "checkpoint", "repeats": args.repeats, "tiny_step_seconds": step, **results}))
+    print(json.dumps({"bench": "checkpoint", "repeats": args.repeats, "every": args.every, **results}))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ prompts, prompt template and sampling seeds via `stages.step_seed`), with evalua
     service start-up, model loading and the warm-up steps are excluded. With stage 2 (verify, negatives,
     reward_update) running while the policy trains, that interval is the pipelined cost of one step.
 
-Checkpoints: `cooper train` starts its services with `save_every=1` (a checkpoint after every Train and Update, so a
-killed run resumes exactly). By default (a) does the same (PolicyCore saves in `train`; VerifyRM is saved with the
-reward service's checkpoint function after every applied update); `--save-every 0` turns saving off on both sides
-(for (b) by dropping the `save_every` override of `launch.local_overrides` in this process).
+Checkpoints: `cooper train` starts the reward service with `save_every=1` (a checkpoint after every Update) and the
+policy with its journal and a background checkpoint every `policy.save_every` updates, so a killed run resumes
+exactly. By default (a) does the same (PolicyCore journals and saves in `train`; VerifyRM is saved with the reward
+service's checkpoint function after every applied update); `--save-every 0` turns saving off on both sides (the
+policy's journal too; for (b) by dropping the reward's `save_every` override of `launch.local_overrides` in this
+process).
 
 Threads: the tiny preset sets `policy.torch_threads: 1`. In (a) that is process-wide, so VerifyRM also runs on one
 thread; in (b) the reward service sets no thread count and torch uses its default (the number of cores).
@@ -65,7 +67,8 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, save_every:
     overrides = [f"run.mode={mode}", f"run.steps={total_steps}", "run.checkpoint_every=0", "eval.every=0",
                  f"run.output_dir={out}", "run.name=bench",
                  # (a) reads these; (b) gets them from launch.local_overrides (save_every=1, run-local dirs).
-                 f"policy.checkpoint_dir={out / 'inproc' / 'policy'}", f"policy.save_every={save_every}",
+                 f"policy.checkpoint_dir={out / 'inproc' / 'policy'}",
+                 *([] if save_every else ["policy.save_every=0", "policy.journal=false"]),
                  f"reward.checkpoint_dir={out / 'inproc' / 'reward'}", f"reward.save_every={save_every}", *extra]
     return load_config(base, overrides, environ={})
 

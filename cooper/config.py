@@ -358,11 +358,25 @@ class PolicyConfig(StrictModel):
     """Optimizer (paper: lr 1e-6, 20 warm-up steps, wd 0.01, clip 1.0)."""
     checkpoint_dir: str = "checkpoints/policy"
     """Where checkpoints go; start-up resumes from the latest one there."""
-    save_every: int = Field(default=0, ge=0)
-    """Write a checkpoint every N updates; 0 only on Save()."""
+    save_every: int = Field(default=10, ge=0)
+    """Write a full checkpoint (weights and AdamW state) every N updates; 0 only on Save() and on stop. With
+    policy.journal a restart loses no update whatever N is: N only bounds how many updates a restart applies again
+    (at most N - 1) and how long the journal grows. With policy.save_in_background the training path pays only for
+    an in-memory copy (README "When things die", bench/checkpoint.py)."""
+    save_in_background: bool = True
+    """Write the periodic checkpoints on a thread of their own from an in-memory copy of the state, taken on the
+    training path, so the next updates run while it is written (at most one in flight: a save waits for the one
+    before). The copy costs host memory the size of the checkpoint (float32 weights and two AdamW moments). False
+    writes on the training path. Save() and the stop save always write before they answer."""
+    journal: bool = True
+    """Append every applied Train (its rollout, rewards and the result answered) to a write-ahead journal in
+    checkpoint_dir/journal, fsynced before Train answers; a restarted service loads its newest checkpoint and applies
+    the journaled updates after it again, in order, so it comes back at the version it last answered and no update
+    is lost or applied twice (on one CPU kind the weights are bit-identical to an uninterrupted run's). Entries are
+    deleted once a checkpoint that includes them is on disk, so it needs policy.save_every >= 1."""
     keep_checkpoints: int = Field(default=3, ge=1)
     """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save (the newest, which a resume
-    needs, never is). Local runs save after every update, so without this a run leaves one per step."""
+    needs, never is)."""
     save_on_stop: bool = True
     """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
     were applied since the last one, so that the service comes back at the version the run recorded."""
@@ -394,6 +408,16 @@ class PolicyConfig(StrictModel):
             raise ValueError(
                 f"policy.device {self.device!r} with policy.engine=vllm: vLLM uses the first visible GPU; choose it "
                 f"with CUDA_VISIBLE_DEVICES={self.device.split(':', 1)[1]} and set policy.device=cuda:0 (or auto)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _journal_needs_periodic_checkpoints(self) -> PolicyConfig:
+        if self.journal and self.save_every == 0:
+            raise ValueError(
+                "policy.journal with policy.save_every 0: the journal is emptied only when a checkpoint is written, so "
+                "without periodic checkpoints it would grow for the whole run; set policy.save_every (e.g. 10) or "
+                "policy.journal=false"
             )
         return self
 

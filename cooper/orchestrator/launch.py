@@ -1,7 +1,9 @@
 """`cooper train`: prepare the run directory, start what is missing (Redis, services), run, report.
 
-Local services get free ports, checkpoints under the run directory and a checkpoint after every update, so that
-a killed run resumes exactly (`cooper train --resume RUN`). With addresses in the config nothing is started.
+Local services get free ports and checkpoints under the run directory, so that a killed run resumes exactly
+(`cooper train --resume RUN`): the policy journals every update between its periodic checkpoints (policy.journal,
+policy.save_every), the reward service still writes a checkpoint after every update (reward.save_every=1). With
+addresses in the config nothing is started.
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ READABLE = "config.yaml"  # secrets masked: what people read
 
 
 def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
-    """Free ports, run-local checkpoints and a checkpoint per update, for every service this run starts."""
+    """Free ports and run-local checkpoints for every service this run starts; a checkpoint per update for the
+    reward service, which has no journal (the policy's journal makes its own cadence, policy.save_every, safe)."""
     out = []
     for name in services_needed(config.run.mode):
         if getattr(config, name).server.address:
             continue
         out += [f"{name}.server.host=127.0.0.1", f"{name}.server.port=0", f"{name}.server.metrics_port=0"]
         if name in ("policy", "reward"):
-            out += [f"{name}.checkpoint_dir={run_dir / 'checkpoints' / name}", f"{name}.save_every=1"]
+            out += [f"{name}.checkpoint_dir={run_dir / 'checkpoints' / name}"]
         if name == "reward":
-            out += ["reward.http.port=0"]
+            out += ["reward.save_every=1", "reward.http.port=0"]
     return out
 
 

@@ -112,12 +112,15 @@ def test_a_sigkilled_cli_leaves_nothing_behind_and_the_run_resumes(tmp_path):
 @pytest.mark.slow
 def test_a_policy_checkpoint_behind_the_run_is_refused(tmp_path):
     steps, run_dir = 6, tmp_path / "behind"  # steps left after the kill, whatever the machine's speed
-    train = Train(tmp_path, f"run.steps={steps}", "run.name=behind", f"run.output_dir={tmp_path}", *FAST)
+    # A checkpoint per update, so that two steps in there are several to lose.
+    train = Train(tmp_path, f"run.steps={steps}", "run.name=behind", f"run.output_dir={tmp_path}",
+                  "policy.save_every=1", *FAST)
     train.wait_for_steps(run_dir, 2)
     # The orphaned services drain before they exit: an update in flight still finishes and saves its checkpoint.
     # Deleting checkpoints before they are gone raced with that save.
     train.kill_cli()
-    # What a deployment with policy.save_every=3 loses in a crash: the newest checkpoints.
+    # What a deployment loses when its volume is put back from an older copy: the newest checkpoints. The journal
+    # continues only the newest, so it cannot bring the service forward from the one left.
     checkpoints = sorted((run_dir / "checkpoints" / "policy").glob("v*"), key=lambda p: int(p.name[1:]))
     assert len(checkpoints) >= 2
     for path in checkpoints[-2:]:

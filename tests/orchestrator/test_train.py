@@ -131,6 +131,21 @@ def test_rule_mode_never_calls_the_reward_service(tmp_path):
     assert logs == {"verifier.log", "policy.log"}
 
 
+@pytest.mark.slow
+def test_a_long_run_leaves_only_the_newest_checkpoints(tmp_path):
+    """What a 1,000-step run leaves, in 30 steps: a policy checkpoint every 2 updates (15 written), at most
+    policy.keep_checkpoints of them kept, and a journal holding only the update after the newest."""
+    steps = 30
+    result = _cooper("train", "--no-progress", "run.mode=rule", f"run.steps={steps}", "run.name=long",
+                     f"run.output_dir={tmp_path}", "eval.every=0", "run.batch_size=8", "policy.save_every=2",
+                     "policy.keep_checkpoints=3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["policy_version"] for r in read_metrics(tmp_path / "long")] == list(range(1, steps + 1))
+    policy = tmp_path / "long" / "checkpoints" / "policy"
+    assert sorted(p.name for p in policy.iterdir()) == ["journal", "v00000026", "v00000028", "v00000030"]
+    assert not list((policy / "journal").iterdir())  # the last checkpoint holds every update
+
+
 def test_bad_config_fails_fast_with_the_key(tmp_path):
     result = _cooper("train", "run.stepz=3", f"run.output_dir={tmp_path}")
     assert result.returncode == 2 and "unknown config key 'run.stepz'" in result.stderr

@@ -112,7 +112,7 @@ def test_generate_train_replay_save_and_resume(serve: Callable[[PolicyConfig], S
 def test_a_graceful_stop_saves_unsaved_updates(serve: Callable[[PolicyConfig], Served], tmp_path: Path,
                                                 make_config: Callable[..., PolicyConfig]) -> None:
     """policy.save_on_stop: what `docker compose down` (SIGTERM) does to a service that saves only on Save()."""
-    cfg = make_config(tmp_path / "ckpt")
+    cfg = make_config(tmp_path / "ckpt", save_every=0, journal=False)
     served = serve(cfg)
     reply = served.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=4)
     served.client.train("run-a", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
@@ -124,7 +124,7 @@ def test_a_graceful_stop_saves_unsaved_updates(serve: Callable[[PolicyConfig], S
     resumed.close()  # no update since it loaded v1: nothing new is written
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["v00000001"]
 
-    off = make_config(tmp_path / "off", save_on_stop=False)
+    off = make_config(tmp_path / "off", save_every=0, journal=False, save_on_stop=False)
     served = serve(off)
     served.client.train("run-b", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
     served.close()

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from cooper.config import PolicyConfig
-from cooper.services.policy.core import PolicyCore
+from cooper.runtime.journal import UpdateJournal
+from cooper.services.policy.checkpoint import complete_checkpoints
+from cooper.services.policy.core import JOURNAL_DIR, PolicyCore
 from cooper.services.policy.engine import Completion, SamplingParams
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, lr_at
@@ -124,7 +126,9 @@ def test_reference_only_with_kl_and_periodic_checkpoints(tmp_path: Path,
     assert result.metrics["kl"] > 0  # the policy moved away from the frozen reference...
     assert math.isfinite(result.metrics["kl_seq"])  # a k1 estimate: unbiased, but one batch may fall below 0
     assert all(torch.equal(p, reference[n]) for n, p in core.reference.named_parameters())  # ...which stayed put
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["v00000002"]  # every 2 updates, not at 1 or 3
+    core.wait_for_saves()  # periodic checkpoints are written in the background
+    assert [p.name for p in complete_checkpoints(tmp_path / "b")] == ["v00000002"]  # every 2 updates, not at 1 or 3
+    assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [3]  # only what the checkpoint lacks
 
 
 def test_kl_is_measured_without_being_optimised(tmp_path: Path, make_config: Callable[..., PolicyConfig]) -> None:
@@ -190,7 +194,8 @@ def test_only_the_newest_checkpoints_are_kept_and_the_newest_resumes(tmp_path: P
     for step in range(5):
         groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=2, max_new_tokens=6, seed=step))
         core.train(f"keep/{step}", _samples(groups), [0.0, 1.0, 1.0, 0.0], group_size=2)
-        kept = sorted(p.name for p in tmp_path.iterdir())
+        core.wait_for_saves()
+        kept = [p.name for p in complete_checkpoints(tmp_path)]
         assert kept == [f"v{v:08d}" for v in range(max(1, step), step + 2)]  # never more than 2, the newest always
     resumed = PolicyCore(config)
     assert resumed.version == 5 and resumed.last_key == "keep/4"

@@ -6,6 +6,13 @@ operation holds one lock: generation and training share the weights, so they mus
 Versions: 0 is the initial model; each applied `train` adds 1. Idempotency: the results of the most recent
 `KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and trains
 nothing, also after a restart from a checkpoint.
+
+Durability (policy.save_every, save_in_background, journal): every applied `train` is appended to the update journal
+before it returns; a full checkpoint is written every `save_every` updates, from an in-memory copy on a background
+thread. Start-up loads the newest checkpoint and applies the journaled updates after it again, so the service comes
+back at the version it last answered, with those keys' recorded results. That trades a full checkpoint per update
+(seconds to minutes at 0.5B-1.5B, on the training path) for a journal entry per update (the rollout's token ids) and
+a copy of the state every `save_every` updates.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,16 +31,24 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cooper.config import PolicyConfig
 from cooper.runtime.devices import resolve_device
+from cooper.runtime.journal import UpdateJournal
 from cooper.services.policy.checkpoint import (
+    BackgroundSave,
+    checkpoint_name,
     latest_checkpoint,
     read_optimizer_state,
     read_state,
+    remove_partial_checkpoints,
     save_checkpoint,
+    snapshot_state,
 )
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors
 from cooper.tiny.models import resolve_model
+
+JOURNAL_DIR = "journal"
+"""The update journal's directory inside policy.checkpoint_dir."""
 
 log = logging.getLogger("cooper.policy")
 
@@ -105,6 +121,14 @@ def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.
     return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
 
 
+def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int,
+                   metrics: dict[str, float]) -> dict[str, Any]:
+    """One applied Train as the update journal keeps it: what `_replay_journal` needs to apply it again, and the
+    result it answered. Rewards in float64, so the replay sees exactly the floats the request carried."""
+    return {"key": key, "rollout": rollout_tensors(samples),
+            "rewards": torch.tensor(list(rewards), dtype=torch.float64), "group_size": group_size, "metrics": metrics}
+
+
 class PolicyCore:
     """Loads the policy (from the latest checkpoint in `cfg.checkpoint_dir` when there is one) and serves it."""
 
@@ -116,6 +140,11 @@ class PolicyCore:
         self.world_size = resolve_world_size(cfg.world_size, self.device)
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
+        self.journal = UpdateJournal(Path(cfg.checkpoint_dir) / JOURNAL_DIR) if cfg.journal else None
+        self.background_save = BackgroundSave()
+        remove_partial_checkpoints(cfg.checkpoint_dir)  # a save cut short by a crash: never complete, maybe large
+        if self.journal:
+            self.journal.discard_partial()
         checkpoint = latest_checkpoint(cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self.tokenizer = AutoTokenizer.from_pretrained(weights_path)
@@ -157,6 +186,7 @@ class PolicyCore:
                 self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             self._restore_state(checkpoint)
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
+        self._replay_journal()
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self._lock = threading.Lock()
 
@@ -168,6 +198,30 @@ class PolicyCore:
         self.checkpoint = str(checkpoint)
         self.saved_version = self.version
         log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
+
+    def _replay_journal(self) -> None:
+        """Apply again, in order, the journaled updates after the loaded checkpoint, each with its recorded result.
+
+        The update is a deterministic function of the weights, the AdamW state and the journaled rollout (no dropout,
+        no sampling), so on the same kind of CPU the weights come back bit for bit; on a GPU to within its kernels'
+        rounding. The recorded result (what Train answered) is what a retried Train gets, not the replay's."""
+        if self.journal is None:
+            return
+        entries = self.journal.chain(self.version, self.last_key)
+        for entry in entries:
+            self.trainer.train_step(rollout_samples(entry["rollout"]), entry["rewards"].tolist(), entry["group_size"])
+            self.version += 1
+            self._record(entry["key"], entry["metrics"])
+        if entries:
+            self.engine.sync_weights()
+            log.info("policy applied %d journaled updates again (now version %d, last key %r)", len(entries),
+                     self.version, self.last_key)
+
+    def _record(self, key: str, metrics: dict[str, float]) -> None:
+        self.last_key = key
+        self.history[key] = {"metrics": metrics, "version": self.version}
+        while len(self.history) > KEY_HISTORY:
+            self.history.popitem(last=False)
 
     def _start_ranks(self, weights_path: str, checkpoint: Any) -> Any:
         from cooper.services.policy.ranks import RankGroup, RankSpec
@@ -181,6 +235,7 @@ class PolicyCore:
         engine keeps its module) and start the ranks again from it. Returns the error the failed call raises."""
         log.error("policy: %s; restarting the ranks from the latest checkpoint", failure)
         self.trainer.kill()
+        self.background_save.wait()  # its copy was taken before the failure: let it land, it is the latest
         checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
@@ -195,15 +250,17 @@ class PolicyCore:
             self.saved_version = 0
         self.engine.sync_weights()
         self.trainer = self._start_ranks(weights_path, checkpoint)
+        self._replay_journal()
         return RanksRestarted(
             f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
             f"{weights_path} (version {self.version}); retry the call"
         )
 
     def close(self) -> None:
-        """Stop the other ranks (world_size > 1); nothing to do for one rank."""
-        if self.world_size > 1:
-            with self._lock:
+        """Let a background checkpoint finish; stop the other ranks (world_size > 1)."""
+        with self._lock:
+            self.background_save.wait()
+            if self.world_size > 1:
                 self.trainer.close()
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int]:
@@ -225,13 +282,13 @@ class PolicyCore:
             try:
                 metrics = self.trainer.train_step(samples, rewards, group_size)
                 self.version += 1
+                if self.journal:  # before the answer: an update this service answered is never lost
+                    self.journal.append(self.version, self.last_key,
+                                        journal_record(key, samples, rewards, group_size, metrics))
                 self.engine.sync_weights()
-                self.last_key = key
-                self.history[key] = {"metrics": metrics, "version": self.version}
-                while len(self.history) > KEY_HISTORY:
-                    self.history.popitem(last=False)
+                self._record(key, metrics)
                 if self.cfg.save_every and self.version % self.cfg.save_every == 0:
-                    self._save("")
+                    self._save("", background=self.cfg.save_in_background)
             except RankFailure as failure:  # only with world_size > 1
                 raise self._restart_ranks(failure) from failure
             return TrainResult(metrics, self.version, False)
@@ -264,17 +321,35 @@ class PolicyCore:
     def save_if_unsaved(self, tag: str) -> str | None:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
+            self.background_save.wait()
             return self._save(tag) if self.version != self.saved_version else None
 
-    def _save(self, tag: str) -> str:
+    def wait_for_saves(self) -> None:
+        """Return once no background checkpoint is being written."""
+        self.background_save.wait()
+
+    def _save(self, tag: str, background: bool = False) -> str:
+        """Write a checkpoint of the current state and return its directory; `background`: from a copy, on the
+        background thread (returns at once; the directory is complete once the write lands)."""
+        self.background_save.wait()  # one write at a time, in version order: pruning must never overtake
         state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
                  "model": self.cfg.model}
-        path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, self.trainer.optimizer_state(),
-                               state, keep=self.cfg.keep_checkpoints)
+        if not background:
+            self._write_checkpoint(state, None, self.trainer.optimizer_state())
+            return self.checkpoint
+        weights, optimizer_state = snapshot_state(self.model, self.trainer.optimizer_state())
+        self.background_save.start(lambda: self._write_checkpoint(state, weights, optimizer_state))
+        return str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
+
+    def _write_checkpoint(self, state: dict[str, Any], weights: dict[str, torch.Tensor] | None,
+                          optimizer_state: dict[str, Any]) -> None:
+        path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, optimizer_state, state,
+                               keep=self.cfg.keep_checkpoints, weights=weights)
         self.checkpoint = str(path)
-        self.saved_version = self.version
-        log.info("policy checkpoint %s (version %d)", path, self.version)
-        return self.checkpoint
+        self.saved_version = int(state["version"])
+        if self.journal:  # the checkpoint is on disk (fsynced): the updates it includes need no entry any more
+            self.journal.prune(self.saved_version)
+        log.info("policy checkpoint %s (version %d)", path, self.saved_version)
 
     def info(self) -> dict[str, Any]:
         # No lock: a snapshot of plain attributes, so Info answers at once even during a long Train.

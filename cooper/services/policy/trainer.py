@@ -75,6 +75,39 @@ class RolloutSample:
         return self.rollout_logprobs is not None and len(self.rollout_logprobs) == len(self.completion_token_ids)
 
 
+def rollout_tensors(samples: Sequence[RolloutSample]) -> dict[str, Tensor]:
+    """The samples as a few flat tensors (what the update journal stores): token ids int32 (vocabularies stay far
+    below 2^31), log-probs float32, the dtype the trainer reads them in, and per-sample lengths (-1: no log-probs).
+    `rollout_samples` inverts it."""
+    def lengths(rows: Sequence[Sequence[Any] | None]) -> Tensor:
+        return torch.tensor([-1 if row is None else len(row) for row in rows], dtype=torch.long)
+
+    def flat(rows: Sequence[Sequence[Any] | None], dtype: torch.dtype) -> Tensor:
+        return torch.tensor([x for row in rows if row is not None for x in row], dtype=dtype)
+
+    prompts = [s.prompt_token_ids for s in samples]
+    completions = [s.completion_token_ids for s in samples]
+    logprobs = [s.rollout_logprobs for s in samples]
+    return {"prompt_lengths": lengths(prompts), "prompt_ids": flat(prompts, torch.int32),
+            "completion_lengths": lengths(completions), "completion_ids": flat(completions, torch.int32),
+            "logprob_lengths": lengths(logprobs), "logprobs": flat(logprobs, torch.float32)}
+
+
+def rollout_samples(tensors: dict[str, Tensor]) -> list[RolloutSample]:
+    """The samples `rollout_tensors` stored (log-probs as float32 values, which is all the update reads)."""
+    def rows(name: str, lengths: Tensor) -> list[list[Any] | None]:
+        values, out, start = tensors[name].tolist(), [], 0
+        for n in lengths.tolist():
+            out.append(None if n < 0 else values[start : start + n])
+            start += max(n, 0)
+        return out
+
+    prompts = rows("prompt_ids", tensors["prompt_lengths"])
+    completions = rows("completion_ids", tensors["completion_lengths"])
+    logprobs = rows("logprobs", tensors["logprob_lengths"])
+    return [RolloutSample(p or [], c or [], lp) for p, c, lp in zip(prompts, completions, logprobs, strict=True)]
+
+
 @dataclass
 class _Batch:
     input_ids: Tensor  # [B, P + C]

@@ -1,0 +1,111 @@
+"""Checkpoints every few updates, written in the background, and the update journal between them: a policy service
+that stops without a final save comes back at the version it last answered, bit for bit the state of one that never
+stopped, and answers a retried Train from the recorded result."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from cooper.config import PolicyConfig
+from cooper.runtime.journal import UpdateJournal
+from cooper.services.policy.checkpoint import complete_checkpoints, read_optimizer_state
+from cooper.services.policy.core import JOURNAL_DIR, PolicyCore
+from cooper.services.policy.engine import SamplingParams
+from cooper.services.policy.trainer import RolloutSample
+
+PROMPTS = ["What is 2+3?", "Add 4 and 5.", "Compute 7 minus 2.", "What is 6 times 1?"]
+UPDATES = 7
+
+
+def _rollout(core: PolicyCore, step: int) -> tuple[list[RolloutSample], list[float]]:
+    groups, _ = core.generate(PROMPTS[:2], SamplingParams(n=4, max_new_tokens=6, seed=step))
+    # With the engine's log-probs: they are part of the update (mismatch metrics), so the journal must keep them.
+    samples = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
+    return samples, [float((step + i) % 3 == 0) for i in range(len(samples))]
+
+
+def _train(core: PolicyCore, steps: range) -> dict[str, Any]:
+    return {f"j/{t}": core.train(f"j/{t}", *_rollout(core, t), group_size=4) for t in steps}
+
+
+def _optimizer_tensors(core: PolicyCore) -> list[torch.Tensor]:
+    return [t for state in core.trainer.optimizer.state_dict()["state"].values() for t in state.values()]
+
+
+def _config(make_config: Callable[..., PolicyConfig], path: Path) -> PolicyConfig:
+    # The KL to the frozen initial policy is in the loss, so the replay also needs the right reference.
+    return make_config(path, save_every=3, keep_checkpoints=2, optim={"lr": 1e-2, "warmup_steps": 4},
+                       grpo={"kl_coef": 0.01})
+
+
+def test_a_policy_stopped_without_saving_resumes_bit_identical(tmp_path: Path,
+                                                                make_config: Callable[..., PolicyConfig]) -> None:
+    uninterrupted = PolicyCore(_config(make_config, tmp_path / "a"))
+    expected = _train(uninterrupted, range(UPDATES))
+
+    config = _config(make_config, tmp_path / "b")
+    stopped = PolicyCore(config)
+    _train(stopped, range(5))
+    stopped.wait_for_saves()
+    # What a SIGKILL leaves: checkpoint v3, the journal of updates 4 and 5, and a save cut short.
+    assert [p.name for p in complete_checkpoints(tmp_path / "b")] == ["v00000003"]
+    assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [4, 5]
+    shutil.copytree(tmp_path / "b" / "v00000003", tmp_path / "b" / ".tmp-cut-short")
+    del stopped
+
+    resumed = PolicyCore(config)
+    assert not (tmp_path / "b" / ".tmp-cut-short").exists()  # a partial save is deleted at start
+    assert (resumed.version, resumed.last_key) == (5, "j/4")
+    again = resumed.train("j/4", *_rollout(resumed, 4), group_size=4)  # a retry of an update answered before the stop
+    assert again.replayed and again.version == 5 and again.metrics == expected["j/4"].metrics
+    assert _train(resumed, range(5, UPDATES)) == {k: v for k, v in expected.items() if k in ("j/5", "j/6")}
+    resumed.wait_for_saves()
+    uninterrupted.wait_for_saves()
+
+    for (name, p), q in zip(uninterrupted.model.named_parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p, q), name  # bit for bit, not close
+    assert all(torch.equal(a, b) for a, b in zip(_optimizer_tensors(uninterrupted), _optimizer_tensors(resumed),
+                                                 strict=True))
+    assert resumed.trainer.updates == uninterrupted.trainer.updates == UPDATES  # the warm-up goes on where it was
+    # The background checkpoint of v6 holds the same state as the live model, and the journal only update 7.
+    assert [p.name for p in complete_checkpoints(tmp_path / "b")] == ["v00000003", "v00000006"]
+    assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [7]
+    saved = read_optimizer_state(tmp_path / "b" / "v00000006")
+    assert saved["updates"] == 6
+
+
+def test_a_journal_behind_a_lost_checkpoint_is_not_applied(tmp_path: Path,
+                                                           make_config: Callable[..., PolicyConfig]) -> None:
+    """The newest checkpoint deleted (a volume restored from an older copy): the journal continues it, not the one
+    before, so the service comes back at the older checkpoint's version, which the orchestrator then refuses
+    (InconsistentRun), rather than apply updates to the wrong weights."""
+    config = make_config(tmp_path, save_every=2, grpo={"kl_coef": 0.0, "track_kl": False})
+    core = PolicyCore(config)
+    _train(core, range(5))
+    core.wait_for_saves()
+    del core
+    shutil.rmtree(tmp_path / "v00000004")
+    resumed = PolicyCore(config)
+    assert (resumed.version, resumed.last_key) == (2, "j/1")
+
+
+def test_without_a_journal_a_restart_goes_back_to_the_checkpoint(tmp_path: Path,
+                                                                 make_config: Callable[..., PolicyConfig]) -> None:
+    config = make_config(tmp_path, save_every=2, journal=False, save_in_background=False,
+                         grpo={"kl_coef": 0.0, "track_kl": False})
+    core = PolicyCore(config)
+    _train(core, range(3))
+    assert not (tmp_path / JOURNAL_DIR).exists()
+    assert PolicyCore(config).version == 2
+
+
+def test_periodic_saves_need_a_journal_bound(make_config: Callable[..., PolicyConfig], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="policy.journal with policy.save_every 0"):
+        make_config(tmp_path, save_every=0)
+    assert make_config(tmp_path, save_every=0, journal=False).save_every == 0
