@@ -4,10 +4,12 @@ Used by the embedded default run and by tests: the child writes a ready file wit
 so nothing guesses ports or sleeps. A service that died can be restarted on the port it had (`respawn`), so
 clients that hold its address reconnect to the new process without being told.
 
-Each service gets a temp directory of its own as TMPDIR (service_temp_dir), removed when it is stopped and emptied
-when it is started again: Python's multiprocessing keeps a `pymp-*` directory there (the verifier's forkserver
-socket, the reward model process's), which only a normal exit removes, so a SIGKILLed service would leave it
-behind in the shared temp directory.
+Each service gets a temp directory of its own as TMPDIR (service_temp_dir): Python's multiprocessing keeps a
+`pymp-*` directory there (the verifier's forkserver socket, the reward model process's), which only a normal exit
+removes, so a SIGKILLed service would leave it behind in the shared temp directory. The service removes its
+directory when it exits normally (remove_own_temp_dir_at_exit: also when the process that started it was killed,
+since the service then gets SIGTERM); the launcher empties it when it restarts a killed service and removes it when
+it stops one.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def start_service(
         cmd += ["--config", str(config_path)]
     cmd += list(overrides)
     temp_dir = service_temp_dir(name, folder if log_dir else None)
-    env = {**(env if env is not None else os.environ), "TMPDIR": str(temp_dir)}
+    env = {**(env if env is not None else os.environ), "TMPDIR": str(temp_dir), OWN_TEMP_DIR: str(temp_dir)}
     service = ServiceProcess(name, _spawn(cmd, log_path, env), {}, log_path, ready_path=ready, command=cmd, env=env,
                              temp_dir=temp_dir, _tmp=tmp)
     if wait:
@@ -159,6 +161,21 @@ def service_temp_dir(name: str, log_dir: Path | None = None) -> Path:
     path = root / f"cooper-{name}-{digest}"
     _fresh_dir(path)
     return path
+
+
+OWN_TEMP_DIR = "COOPER_OWN_TMPDIR"
+"""Set by start_service to the TMPDIR it gave the service, which the service removes at a normal exit."""
+
+
+def remove_own_temp_dir_at_exit() -> None:
+    """In a service that start_service started: remove its TMPDIR when the process exits normally, after
+    multiprocessing has removed its pymp-* directory there. A multiprocessing finalizer runs at interpreter exit in
+    order of priority, pymp's at -100, so this one at -200 runs after it; it never runs in a forked child."""
+    path = os.environ.get(OWN_TEMP_DIR)
+    if path and path == os.environ.get("TMPDIR"):
+        from multiprocessing import util
+
+        util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 def _fresh_dir(path: Path) -> None:
