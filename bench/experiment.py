@@ -37,12 +37,12 @@ def main() -> int:
     parser.add_argument("--config", default="tiny", help="preset or YAML file (default: tiny)")
     parser.add_argument("--output-dir", default="runs", help="where the runs and the comparison go")
     parser.add_argument("--smoke", action="store_true",
-                        help="2 steps of rule and static, best-of-n over 2 samples: runs every part of the script "
+                        help="2 steps of rule mode, 8 test problems, no best-of-n: runs every part of the script "
                              "quickly (tests/bench); its verdict means nothing")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. run.steps=60")
     args = parser.parse_args()
     name = f"bench-experiment-{time.strftime('%Y%m%d-%H%M%S')}"
-    smoke = ["--modes", "rule,static", "--best-of-n", "2", "run.steps=2"] if args.smoke else []
+    smoke = ["--modes", "rule", "--best-of-n", "0", "run.steps=2", "eval.max_problems=8"] if args.smoke else []
     argv = [sys.executable, "-m", "cooper.cli", "experiment", "--seeds", args.seeds, "--parallel", str(args.parallel),
             "--config", args.config, "--no-progress", *smoke, f"run.name={name}", f"run.output_dir={args.output_dir}",
             *args.overrides]

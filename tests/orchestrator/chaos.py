@@ -133,9 +133,12 @@ def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGE
     every = [Kill(t, 0, round(rng.uniform(0.0, 2.0), 2)) for t in picked]
     for kill in inside:
         every.insert(rng.randint(0, len(every)), kill)
-    # Spread, not sampled: clustered kills land one after the other's recovery, late in the run.
-    for k, kill in enumerate(every):
-        kill.after_step = min(steps - 2, max(1, round((k + 1) * steps / (total + 1)) + rng.randint(-1, 1)))
+    # Spread, not sampled: clustered kills land one after the other's recovery, late in the run. Sorted, so that the
+    # seeded +-1 never puts a kill before the one ahead of it.
+    after = sorted(min(steps - 2, max(1, round((k + 1) * steps / (total + 1)) + rng.randint(-1, 1)))
+                   for k in range(total))
+    for kill, step in zip(every, after, strict=True):
+        kill.after_step = step
     return every
 
 

@@ -1,29 +1,41 @@
-"""The chaos suite on a small scale (bench/chaos.py runs it at 40 steps, 3 seeds and both recipes): a real run
-survives SIGKILLs of its embedded Redis and of the policy inside an evaluation, keeps every invariant, and logs the
-same records as the same run without kills (tests/orchestrator/chaos.py)."""
+"""The chaos suite on a small scale: `python bench/chaos.py` itself (40 steps, 3 seeds and both recipes by default)
+on one seed of the paper's recipe, 7 steps. The run survives the SIGKILL of the CLI (it is resumed), of the
+generator inside a negatives job and of the CLI again inside an evaluation (the resumed run evaluates again), keeps
+every invariant, and logs the same records as the same run without kills (tests/orchestrator/chaos.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from chaos import ChaosRun, Kill, check, run_with_kills, schedule, uninterrupted
+from chaos import ChaosRun, check, schedule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
-    steps, eval_every = 6, 2  # evaluations after steps -1, 1, 3 and 5; steps left after the last kill
-    reference, _ = uninterrupted(tmp_path, 0, steps, eval_every=eval_every)
-    # The embedded Redis (the run stops; it is resumed), then the policy while it samples an evaluation (restarted
-    # by the watchdog; the evaluation waits for it).
-    kills = [Kill("redis", 1, 0.0), Kill("policy", 2, 0.0, during="evaluate")]
-    chaos = run_with_kills(tmp_path, 0, steps, kills, eval_every=eval_every)
-    check(chaos, tmp_path / "chaos-0", reference)
-    assert not chaos.violations, "\n".join(chaos.violations)
-    assert chaos.not_landed == [] and kills[1].inside in ("evaluate:3", "evaluate:5")
-    assert chaos.survived == 2 and chaos.resumes == 1
-    assert chaos.evaluations == 4 and all(v == 0.0 for v in chaos.max_rel_diff.values())
+    # Seed 6's schedule: cli@1, generator@3 inside negatives, cli@4 inside an evaluation (eval after steps -1, 1, 3,
+    # 5 and 6); 7 steps leave steps to run after the last kill.
+    args = ["--seeds", "6", "--recipes", "generator", "--steps", "7", "--kills", "1", "--eval-every", "2"]
+    assert [k.describe() for k in schedule(6, 7, 1, recipe="generator", eval_every=2)] == [
+        "cli@1+1.64s", "generator@3+0.0s in negatives", "cli@4+0.0s in evaluate"]
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--keep", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=1500)
+    lines = done.stdout.strip().splitlines()
+    run, summary = json.loads(lines[-2]), json.loads(lines[-1])
+    assert done.returncode == 0 and summary["invariants_held"], "\n".join(run["violations"]) or done.stderr[-3000:]
+    assert run["kills_not_landed"] == [] and run["kills_by_target"] == ["cli", "generator", "cli"]
+    assert run["kills_inside"][0] in {f"negatives:{t}" for t in range(2, 7)}
+    assert run["kills_inside"][1] in {"evaluate:5", "evaluate:6"}
+    assert run["kills_survived"] == 3 and run["resumes"] == 2 and run["max_rel_diff"] == 0.0
+    assert run["evaluations"] == 5 and summary["generator_kills_in_negatives"] == 1
+    print(f"\nchaos: {lines[-1]}")
 
 
 def test_the_schedule_kills_every_target_at_seeded_moments():
