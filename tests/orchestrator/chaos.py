@@ -254,21 +254,24 @@ def _kill(train: Train, target: str) -> psutil.Process:
 def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300) -> psutil.Process | None:
     """SIGKILL kill.target as soon as a job of stage kill.during is running, and set kill.inside to that job if its
     status was unchanged just after the kill. None if no such job ran before the run ended or `timeout_s`."""
-    # The job statuses the stage workers write (queue.RunStore), read from the run's embedded Redis; through a short
-    # link when the socket's path is too long for AF_UNIX (embedded_redis.SOCKET_PATH_MAX).
+    # The job statuses the stage workers write (queue.RunStore), read from the run's embedded Redis through a short
+    # link: the run directory's path may be too long for an AF_UNIX socket (embedded_redis.SOCKET_PATH_MAX).
     link = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp")) / "redis"
     link.symlink_to(run_dir / "redis")
     store = redis.Redis(unix_socket_path=str(link / "redis.sock"), decode_responses=True)
-    status_key, jobs = f"cooper:{run_dir.name}:status", [f"{kill.during}:{s}" for s in range(-1, 10_000)]
+    # Steps 0..after_step-1 are logged, so all their jobs are done: the job to land in is of a later step.
+    status_key, jobs = f"cooper:{run_dir.name}:status", [f"{kill.during}:{s}" for s in range(kill.after_step,
+                                                                                              kill.after_step + 64)]
     deadline = time.monotonic() + timeout_s
     try:
         victim = _pid_of(train, kill.target)
+        # A job that a killed CLI left "running" keeps that status until the resumed run takes it again: not a job
+        # of this process's workers.
+        since = psutil.Process(train.proc.pid).create_time()
         while time.monotonic() < deadline and train.proc.poll() is None:
-            first = max(-1, len(read_metrics(run_dir)) - 1)
-            window = jobs[first + 1 : first + 40]  # the steps that can be running: a job waits for the step before
             try:
-                running = [(job, record) for job, record in zip(window, store.hmget(status_key, window), strict=True)
-                           if record and json.loads(record)["status"] == "running"]
+                running = [(job, record) for job, record in zip(jobs, store.hmget(status_key, jobs), strict=True)
+                           if record and _running_since(record, since)]
             except redis.ConnectionError:  # Redis restarting after an earlier kill
                 time.sleep(0.1)
                 continue
@@ -289,6 +292,11 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
     finally:
         store.close()
         shutil.rmtree(link.parent)
+
+
+def _running_since(record: str, since: float) -> bool:
+    status = json.loads(record)
+    return status["status"] == "running" and status["time"] >= since
 
 
 def _alive(process: psutil.Process) -> bool:
