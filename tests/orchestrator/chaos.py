@@ -252,8 +252,9 @@ def _kill(train: Train, target: str) -> psutil.Process:
 
 
 def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300) -> psutil.Process | None:
-    """SIGKILL kill.target as soon as a job of stage kill.during is running, and set kill.inside to that job if its
-    status was unchanged just after the kill. None if no such job ran before the run ended or `timeout_s`."""
+    """SIGKILL kill.target (serving, for a service) as soon as a job of stage kill.during is running, and set
+    kill.inside to that job if its status was unchanged just after the kill. None if no such job ran before the run
+    ended or `timeout_s`."""
     # The job statuses the stage workers write (queue.RunStore), read from the run's embedded Redis through a short
     # link: the run directory's path may be too long for an AF_UNIX socket (embedded_redis.SOCKET_PATH_MAX).
     link = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp")) / "redis"
@@ -262,7 +263,7 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
     # Steps 0..after_step-1 are logged, so all their jobs are done: the job to land in is of a later step.
     status_key, jobs = f"cooper:{run_dir.name}:status", [f"{kill.during}:{s}" for s in range(kill.after_step,
                                                                                               kill.after_step + 64)]
-    deadline = time.monotonic() + timeout_s
+    deadline, ready = time.monotonic() + timeout_s, run_dir / "logs" / f"{kill.target}.ready.json"
     try:
         victim = _pid_of(train, kill.target)
         # A job that a killed CLI left "running" keeps that status until the resumed run takes it again: not a job
@@ -275,7 +276,8 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
             except redis.ConnectionError:  # Redis restarting after an earlier kill
                 time.sleep(0.1)
                 continue
-            if not running:
+            # A service that the watchdog is still restarting (after an earlier kill) is not yet serving the job.
+            if not running or (kill.target in SERVICES and not ready.exists()):
                 time.sleep(0.001)  # a negatives job of the tiny preset runs for about 15 ms
                 continue
             job, record = running[0]
