@@ -1,29 +1,36 @@
 """Chaos: SIGKILL every part of a real tiny run at seeded random moments; the run must end as if nothing happened.
 
-Per seed: one uninterrupted run, then the same run (same `run.seed`) with `--kills` SIGKILLs, each at a seeded step
-plus a seeded delay of 0-2 s: every service (verifier, policy, reward, generator), the `cooper train` CLI and its
-embedded Redis, each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI, so the
-CLI's kill is theirs too. A kill that ends the CLI (the CLI itself; Redis, which stops the run with RunFailed) is
-followed by `cooper train --resume`. Invariants, all checked on every run:
+Per seed and recipe, one uninterrupted run, then the same run (same `run.seed`) with `--kills` SIGKILLs, each at a
+seeded step plus a seeded delay of 0-2 s: every service (verifier, policy, reward, generator), the `cooper train`
+CLI and its embedded Redis, each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI,
+so the CLI's kill is theirs too. A kill that ends the CLI (the CLI itself; Redis, which stops the run with
+RunFailed) is followed by `cooper train --resume`. Two recipes: the tiny preset's variant (`rollouts`: negatives
+from the policy's own rejected rollouts, so the generator is started but never called) and the paper's
+(`generator`: the generator writes every negative), where one more kill SIGKILLs the generator inside a
+`negatives` job. Evaluations run every `--eval-every` steps, and one more kill lands inside one (the policy, the
+verifier or the CLI, seeded). A kill meant to land inside a job is counted only if that job was running when it was
+sent and still was just after it (and, for the generator, the job then waited for the restarted generator).
+Invariants, all checked on every run:
 
+- every kill landed (`kills_not_landed` 0: a kill that never came, or missed its job, is a failure);
 - every step logged exactly once, in order (the raw metrics.jsonl lines, not the de-duplicated reading);
-- prompts in data order (`data_offset` = batch_size * step), the policy version and the VerifyRM version rising by
-  exactly one per step (every reward update applied once);
-- the same records as the uninterrupted run: exact for the prompts, data position, versions, pairs and the
-  verifier's and generator's ratios (chaos.EXACT); every other number (rewards, losses, KL, pair accuracies)
-  within a relative 1e-4. Measured: those are exactly equal too (`max_rel_diff` printed per seed is 0.0); the
-  tolerance only keeps the check off float summation order, which nothing promises;
-- nothing left behind: no process of the run and nothing in its TMPDIR after the last exit, but for one known
-  gap, reported as `left_in_tmp` and not counted: a SIGKILLed service leaves the temp directory of Python's
-  multiprocessing (pymp-*), which only a normal exit removes.
+- prompts in data order (`data_offset` = batch_size * step), the policy version rising by exactly one per step and
+  the VerifyRM version by one per applied update, each scoring step t on the version step t-1 left;
+- the same records as the uninterrupted run, evaluations included: exact for the prompts, data position,
+  versions, pairs and the verifier's and generator's ratios (chaos.EXACT); every other number (rewards, losses, KL,
+  pair accuracies, test accuracies) within a relative 1e-4. Measured: those are exactly equal too (`max_rel_diff`
+  printed per run is 0.0); the tolerance only keeps the check off float summation order, which nothing promises;
+- nothing left behind: no process of the run, nothing in its TMPDIR and no service's TMPDIR (the pymp-* directory
+  a SIGKILLed service's multiprocessing leaves) after the last exit.
 
-Reported per seed: kills landed, kills survived (the run logged another step after it), resumes, steps redone
+Reported per run: kills landed, kills survived (the run logged another step after it), resumes, steps redone
 (steps with a job run again: re-queued on resume or retried after a failed attempt, from the orchestrator's log),
-seconds lost per kill ((wall time with kills - wall time without) / kills). The last line printed is one JSON
-object: {"seeds", "kills", "kills_survived", "steps_redone", "seconds_lost_per_kill", "invariants_held", ...}.
+seconds lost per kill ((wall time with kills - wall time without) / kills), evaluations. The last line printed is one
+JSON object: {"seeds", "recipes", "kills", "kills_survived", "kills_not_landed", "generator_kills_in_negatives",
+"evaluations", "steps_redone", "seconds_lost_per_kill", "invariants_held", ...}.
 
-    python bench/chaos.py                      # 40 steps, 6 kills, seeds 0,1,2
-    python bench/chaos.py --seeds 0 --steps 12 --kills 6
+    python bench/chaos.py                      # 40 steps, 6 kills (+2), seeds 0,1,2, both recipes
+    python bench/chaos.py --seeds 0 --steps 12 --kills 6 --recipes generator
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "orchestrator"))
 sys.path.insert(0, str(ROOT))
 
-from chaos import check, run_with_kills, schedule, uninterrupted  # noqa: E402
+from chaos import RECIPES, ChaosRun, check, run_with_kills, schedule, uninterrupted  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,60 +60,85 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+def parse_recipes(text: str) -> list[str]:
+    recipes = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown or not recipes:
+        raise argparse.ArgumentTypeError(f"--recipes takes a comma-separated list of {', '.join(RECIPES)}; "
+                                         f"got {text!r}")
+    return recipes
+
+
+def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    """The uninterrupted run and the run with kills of one seed and recipe, checked; its JSON record."""
+    tmp = base / f"{recipe}-seed-{seed}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"{recipe} seed {seed}: uninterrupted run of {args.steps} steps", flush=True)
+    reference, calm_s = uninterrupted(tmp, seed, args.steps, recipe, args.eval_every)
+    kills = schedule(seed, args.steps, args.kills, recipe=recipe, eval_every=args.eval_every)
+    print(f"{recipe} seed {seed}: {calm_s:.0f} s; now with kills " + ", ".join(k.describe() for k in kills),
+          flush=True)
+    try:
+        chaos = run_with_kills(tmp, seed, args.steps, kills, say=lambda m: print(f"{recipe} {m}", flush=True),
+                               recipe=recipe, eval_every=args.eval_every)
+        check(chaos, tmp / f"chaos-{seed}", reference)
+    except AssertionError as err:  # the run got stuck or died: an invariant failed
+        chaos = ChaosRun(seed, args.steps, kills, recipe, violations=[f"aborted: {str(err)[:3000]}"])
+    landed = chaos.landed
+    return {
+        "seed": seed, "recipe": recipe, "kills": len(landed), "kills_by_target": [k.target for k in landed],
+        "kills_inside": [k.inside for k in landed if k.inside],
+        "kills_not_landed": [k.describe() for k in chaos.not_landed],
+        "generator_kills_in_negatives": chaos.generator_kills_in_negatives, "evaluations": chaos.evaluations,
+        "kills_survived": chaos.survived, "resumes": chaos.resumes, "steps_redone": len(chaos.steps_redone),
+        "redone": chaos.steps_redone,
+        "seconds_lost_per_kill": round((chaos.wall_s - calm_s) / max(1, len(landed)), 1),
+        "seconds_to_next_step": [round(k.seconds_to_next_step, 1) if k.seconds_to_next_step is not None else None
+                                 for k in landed],
+        "wall_s": round(chaos.wall_s, 1), "uninterrupted_s": round(calm_s, 1),
+        "run_total_s": round(time.monotonic() - started, 1),
+        "max_rel_diff": {k: v for k, v in chaos.max_rel_diff.items() if v} or 0.0,
+        "invariants_held": not chaos.violations, "violations": chaos.violations[:10],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated (default 0,1,2)")
+    parser.add_argument("--recipes", type=parse_recipes, default=list(RECIPES),
+                        help=f"comma-separated, of {', '.join(RECIPES)} (default both)")
     parser.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
-    parser.add_argument("--kills", type=int, default=6, help="SIGKILLs per run (default 6: each target once)")
+    parser.add_argument("--kills", type=int, default=6,
+                        help="SIGKILLs per run at seeded moments (default 6: each target once), besides the one "
+                             "inside an evaluation and, in the paper's recipe, the generator's inside negatives")
+    parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10; 0: never)")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (default: a temp directory)")
     args = parser.parse_args()
     try:
         for seed in args.seeds:
-            schedule(seed, args.steps, args.kills)
+            for recipe in args.recipes:
+                schedule(seed, args.steps, args.kills, recipe=recipe, eval_every=args.eval_every)
     except ValueError as err:
         parser.error(str(err))
 
-    per_seed = []
+    runs = []
     with tempfile.TemporaryDirectory(prefix="cooper-chaos-") as scratch:
         base = args.keep or Path(scratch)
         for seed in args.seeds:
-            tmp = base / f"seed-{seed}"
-            tmp.mkdir(parents=True, exist_ok=True)
-            started = time.monotonic()
-            print(f"seed {seed}: uninterrupted run of {args.steps} steps", flush=True)
-            reference, calm_s = uninterrupted(tmp, seed, args.steps)
-            kills = schedule(seed, args.steps, args.kills)
-            print(f"seed {seed}: {calm_s:.0f} s; now with kills " +
-                  ", ".join(f"{k.target}@{k.after_step}+{k.delay_s}s" for k in kills), flush=True)
-            try:
-                chaos = run_with_kills(tmp, seed, args.steps, kills, say=lambda m: print(m, flush=True))
-                check(chaos, tmp / f"chaos-{seed}", reference)
-            except AssertionError as err:  # the run got stuck or died: an invariant failed
-                from chaos import ChaosRun
-
-                chaos = ChaosRun(seed, args.steps, kills, violations=[f"aborted: {str(err)[:3000]}"])
-            landed = chaos.landed
-            result = {
-                "seed": seed, "kills": len(landed), "kills_by_target": [k.target for k in landed],
-                "kills_survived": chaos.survived, "resumes": chaos.resumes, "steps_redone": len(chaos.steps_redone),
-                "redone": chaos.steps_redone,
-                "seconds_lost_per_kill": round((chaos.wall_s - calm_s) / max(1, len(landed)), 1),
-                "seconds_to_next_step": [round(k.seconds_to_next_step, 1) if k.seconds_to_next_step is not None
-                                         else None for k in landed],
-                "wall_s": round(chaos.wall_s, 1), "uninterrupted_s": round(calm_s, 1),
-                "seed_total_s": round(time.monotonic() - started, 1),
-                "max_rel_diff": {k: v for k, v in chaos.max_rel_diff.items() if v} or 0.0,
-                "left_in_tmp": chaos.left_in_tmp, "invariants_held": not chaos.violations, "violations": chaos.violations[:10],
-            }
-            per_seed.append(result)
-            print(json.dumps(result), flush=True)
+            for recipe in args.recipes:
+                runs.append(run_one(base, seed, recipe, args))
+                print(json.dumps(runs[-1]), flush=True)
     summary = {
-        "seeds": args.seeds, "steps": args.steps,
-        "kills": sum(r["kills"] for r in per_seed),
-        "kills_survived": sum(r["kills_survived"] for r in per_seed),
-        "steps_redone": sum(r["steps_redone"] for r in per_seed),
-        "seconds_lost_per_kill": round(statistics.fmean(r["seconds_lost_per_kill"] for r in per_seed), 1),
-        "invariants_held": all(r["invariants_held"] for r in per_seed),
+        "seeds": args.seeds, "recipes": args.recipes, "steps": args.steps,
+        "kills": sum(r["kills"] for r in runs),
+        "kills_survived": sum(r["kills_survived"] for r in runs),
+        "kills_not_landed": sum(len(r["kills_not_landed"]) for r in runs),
+        "generator_kills_in_negatives": sum(r["generator_kills_in_negatives"] for r in runs),
+        "evaluations": sum(r["evaluations"] for r in runs),
+        "steps_redone": sum(r["steps_redone"] for r in runs),
+        "seconds_lost_per_kill": round(statistics.fmean(r["seconds_lost_per_kill"] for r in runs), 1),
+        "invariants_held": all(r["invariants_held"] for r in runs),
     }
     print(json.dumps(summary))
     return 0 if summary["invariants_held"] else 1

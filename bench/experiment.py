@@ -1,6 +1,7 @@
 """Does Cooper's effect reproduce? rule, static and cooper on the tiny preset, several seeds, judged by fixed criteria.
 
     python bench/experiment.py [--seeds 0,1,2] [--parallel 2] [--config tiny] [overrides ...]
+    python bench/experiment.py --smoke --seeds 0       # the script end to end in a minute; no finding
 
 Runs `cooper experiment` exactly as a user would (the same command, the same code path: every run is a `cooper
 train` with its own services and embedded Redis), then reads its results.json. The baseline of the comparison is in
@@ -36,11 +37,15 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (default 2, for 2 cores)")
     parser.add_argument("--config", default="tiny", help="preset or YAML file (default: tiny)")
     parser.add_argument("--output-dir", default="runs", help="where the runs and the comparison go")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 steps of rule mode, 8 test problems, no best-of-n: runs every part of the script "
+                             "quickly (tests/bench); its verdict means nothing")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. run.steps=60")
     args = parser.parse_args()
     name = f"bench-experiment-{time.strftime('%Y%m%d-%H%M%S')}"
+    smoke = ["--modes", "rule", "--best-of-n", "0", "run.steps=2", "eval.max_problems=8"] if args.smoke else []
     argv = [sys.executable, "-m", "cooper.cli", "experiment", "--seeds", args.seeds, "--parallel", str(args.parallel),
-            "--config", args.config, "--no-progress", f"run.name={name}", f"run.output_dir={args.output_dir}",
+            "--config", args.config, "--no-progress", *smoke, f"run.name={name}", f"run.output_dir={args.output_dir}",
             *args.overrides]
     started = time.monotonic()
     completed = subprocess.run(argv)

@@ -1,6 +1,6 @@
 """Valid-negative rate and time of each negative strategy on the example solutions, through a real verifier.
 
-    python bench/generator_negatives.py [--repeats 3] [--llm-extra-tokens 16]
+    python bench/generator_negatives.py [--repeats 3] [--llm-extra-tokens 16] [--solutions 64]
 
 Starts `cooper serve verifier` on loopback, then runs `make_negatives` over the 64 example solutions
 (cooper/services/generator/examples.py: `\\boxed{}`, `####`, "The answer is") with
@@ -47,8 +47,8 @@ def start_verifier(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"127.0.0.1:{json.loads(ready.read_text())['grpc_port']}"
 
 
-def run(strategy: Strategy, verify: RemoteVerifier, repeats: int) -> dict:
-    tasks = example_tasks()
+def run(strategy: Strategy, verify: RemoteVerifier, repeats: int, solutions: int) -> dict:
+    tasks = example_tasks()[:solutions]
     times, rates, attempts, reasons = [], [], [], Counter()
     for _ in range(repeats):
         start = time.perf_counter()
@@ -71,16 +71,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llm-extra-tokens", type=int, default=16,
                         help="extra tokens over the positive's word count (500 in real runs; small keeps CPU time low)")
+    parser.add_argument("--solutions", type=int, default=64,
+                        help="the first N of the 64 example solutions (fewer: a quick check that the script runs)")
     args = parser.parse_args()
+    if args.solutions < 1:
+        parser.error("--solutions must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         proc, address = start_verifier(Path(tmp))
         try:
             client = VerifierClient(address, ServerConfig(deadline_s=120))
             client.wait_ready(30)
             verify = RemoteVerifier(client)
-            results = {"perturb": run(RuleStrategy(), verify, args.repeats)}
+            results = {"perturb": run(RuleStrategy(), verify, args.repeats, args.solutions)}
             assistant = TransformersAssistant(AssistantConfig(model="tiny", device="cpu", concurrency=16))
-            results["llm_tiny"] = run(LLMStrategy(assistant, 0.7, args.llm_extra_tokens), verify, args.repeats)
+            results["llm_tiny"] = run(LLMStrategy(assistant, 0.7, args.llm_extra_tokens), verify, args.repeats,
+                                      args.solutions)
             client.close()
         finally:
             proc.terminate()

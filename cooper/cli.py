@@ -353,8 +353,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(to_yaml(config), end="")
         print(f"config ok for service {args.service}", file=sys.stderr)
         return 0
+    from cooper.runtime.processes import remove_own_temp_dir_at_exit
     from cooper.runtime.server import run_service
 
+    remove_own_temp_dir_at_exit()
     module = importlib.import_module(SERVICES[args.service])
     return run_service(module.create_service, config, ready_file=args.ready_file)
 

@@ -146,9 +146,15 @@ class LocalServices:
             # Outside the lock: stop() must not wait for a model to load; it stops the new process instead.
             wait_until_ready([service], timeout_s=600)
         except ServiceStartError as err:
-            if not self._stopping.is_set():
-                self._give_up(service, f"the {service.name} service died (exit code {code}) and did not come back: "
-                                       f"{err}")
+            if self._stopping.is_set():
+                return
+            if service.process.poll() is not None:
+                # It died again while starting (killed, or it crashed): the next poll restarts it like any death,
+                # so run.service_restarts alone bounds the tries (a service that cannot start uses them all up).
+                log.warning("service %s died again while restarting (exit code %s)", service.name,
+                            service.process.returncode)
+                return
+            self._give_up(service, f"the {service.name} service died (exit code {code}) and did not come back: {err}")
             return
         log.warning("service %s is back on %s after %.1f s", service.name, service.address, time.monotonic() - start)
 

@@ -1,14 +1,23 @@
 """Start services as child processes (`cooper serve NAME`) on free loopback ports and stop them cleanly.
 
 Used by the embedded default run and by tests: the child writes a ready file with its bound ports once it serves,
-so nothing guesses ports or sleeps. A service that died can be restarted on the port it had (`restart`), so
+so nothing guesses ports or sleeps. A service that died can be restarted on the port it had (`respawn`), so
 clients that hold its address reconnect to the new process without being told.
+
+Each service gets a temp directory of its own as TMPDIR (service_temp_dir): Python's multiprocessing keeps a
+`pymp-*` directory there (the verifier's forkserver socket, the reward model process's), which only a normal exit
+removes, so a SIGKILLed service would leave it behind in the shared temp directory. The service removes its
+directory when it exits normally (remove_own_temp_dir_at_exit: also when the process that started it was killed,
+since the service then gets SIGTERM); the launcher empties it when it restarts a killed service and removes it when
+it stops one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +46,9 @@ class ServiceProcess:
     """The `cooper serve` command line it was started with (its --port is replaced by the bound port to restart)."""
     env: dict[str, str] | None = None
     restarts: int = 0
-    """How many times restart() has started it again."""
+    """How many times respawn() has started it again."""
+    temp_dir: Path | None = None
+    """Its TMPDIR (service_temp_dir): removed by stop(), emptied by respawn()."""
     _tmp: Any = field(default=None, repr=False)
     _terminated: bool = field(default=False, repr=False)
 
@@ -55,7 +66,7 @@ class ServiceProcess:
 
     def stop(self, grace_s: float = 15.0) -> int:
         """SIGTERM (the service drains in-flight calls), then SIGKILL after grace_s; returns the exit code.
-        Also removes the ready file (and its temporary directory)."""
+        Also removes the ready file (and its temporary directory) and the service's TMPDIR."""
         if self.process.poll() is None:
             self.terminate()
             try:
@@ -68,6 +79,8 @@ class ServiceProcess:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
         return self.process.returncode
 
     def respawn(self) -> None:
@@ -83,6 +96,8 @@ class ServiceProcess:
             command[command.index("--port") + 1] = str(port)
         if self.ready_path is not None:
             self.ready_path.unlink(missing_ok=True)
+        if self.temp_dir is not None:  # what the dead process left there (its pymp-* directory)
+            _fresh_dir(self.temp_dir)
         self.process = _spawn(command, self.log_path, self.env)
         self._terminated = False
         self.restarts += 1
@@ -117,11 +132,55 @@ def start_service(
     if config_path:
         cmd += ["--config", str(config_path)]
     cmd += list(overrides)
+    temp_dir = service_temp_dir(name, folder if log_dir else None)
+    env = {**(env if env is not None else os.environ), "TMPDIR": str(temp_dir), OWN_TEMP_DIR: str(temp_dir)}
     service = ServiceProcess(name, _spawn(cmd, log_path, env), {}, log_path, ready_path=ready, command=cmd, env=env,
-                             _tmp=tmp)
+                             temp_dir=temp_dir, _tmp=tmp)
     if wait:
         wait_until_ready([service], ready_timeout_s)
     return service
+
+
+TEMP_ROOT_MAX = 48
+"""The longest temp root a service's TMPDIR goes under: multiprocessing binds AF_UNIX sockets at
+<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX, and a socket path holds at most 107 bytes; the service's own directory
+name (cooper-<service>-<8 hex>) takes 27 of them, pymp's 14 and the listener's 18."""
+
+
+def service_temp_dir(name: str, log_dir: Path | None = None) -> Path:
+    """A new, empty TMPDIR for service `name`, under the temp root (TMPDIR, or /tmp when that is too long to hold
+    multiprocessing's sockets: TEMP_ROOT_MAX). With `log_dir` (a run's logs) its name is fixed by that directory, so
+    a resumed run empties what the services of a killed one left there; else it is unique."""
+    root = Path(tempfile.gettempdir())
+    if len(os.fsencode(root)) > TEMP_ROOT_MAX:
+        root = Path("/tmp")
+    if log_dir is None:
+        return Path(tempfile.mkdtemp(prefix=f"cooper-{name}-", dir=root))
+    # A digest, not the run's name: names can be long, and the socket path must stay short.
+    digest = hashlib.sha1(os.fsencode(Path(log_dir).resolve())).hexdigest()[:8]
+    path = root / f"cooper-{name}-{digest}"
+    _fresh_dir(path)
+    return path
+
+
+OWN_TEMP_DIR = "COOPER_OWN_TMPDIR"
+"""Set by start_service to the TMPDIR it gave the service, which the service removes at a normal exit."""
+
+
+def remove_own_temp_dir_at_exit() -> None:
+    """In a service that start_service started: remove its TMPDIR when the process exits normally, after
+    multiprocessing has removed its pymp-* directory there. A multiprocessing finalizer runs at interpreter exit in
+    order of priority, pymp's at -100, so this one at -200 runs after it; it never runs in a forked child."""
+    path = os.environ.get(OWN_TEMP_DIR)
+    if path and path == os.environ.get("TMPDIR"):
+        from multiprocessing import util
+
+        util.Finalize(None, shutil.rmtree, args=(path,), kwargs={"ignore_errors": True}, exitpriority=-200)
+
+
+def _fresh_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
 
 
 def _spawn(command: list[str], log_path: Path, env: dict[str, str] | None) -> subprocess.Popen[bytes]:

@@ -1,9 +1,12 @@
 """SIGKILLs at seeded random moments of a real run, and the invariants the run must keep through them.
 
-Used by bench/chaos.py (40 steps, 3 seeds) and test_chaos.py (one small seed). The targets are every service the
-run starts, the `cooper train` CLI and its embedded Redis. Stage workers are threads of the CLI (docs/design.md,
-section 8), so killing the CLI kills them too: there is no worker process to kill on its own. A kill that ends the
-CLI (the CLI itself, or Redis: the run stops with RunFailed) is followed by `cooper train --resume`.
+Used by bench/chaos.py (40 steps, 3 seeds, both recipes) and test_chaos.py (one small seed). The targets are every
+service the run starts, the `cooper train` CLI and its embedded Redis. Stage workers are threads of the CLI
+(docs/design.md, section 8), so killing the CLI kills them too: there is no worker process to kill on its own. A
+kill that ends the CLI (the CLI itself, or Redis: the run stops with RunFailed) is followed by `cooper train
+--resume`. A kill can also wait for a job of one stage to be running and land inside it (`Kill.during`): the
+generator while it writes a step's negatives, or the policy while it samples an evaluation; one that finds no such
+job, or lands after the job ended, did not land, and counts against the run.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import json
 import math
 import random
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 from train_process import FAST, Train
 
 from cooper.orchestrator.outputs import read_metrics
@@ -31,6 +37,18 @@ EXACT = ("step", "prompt_ids", "data_epoch", "data_offset", "policy_version", "p
          "no_answer_rate")
 """Fields that must equal the uninterrupted run's exactly: the data order, the versions, and what the verifier
 and the generator decided (integers and ratios of integers)."""
+RECIPES = {
+    "rollouts": (),
+    "generator": ("run.negatives=generator", "reward.replay_updates=0", "reward.update_steps=1",
+                  "reward.calibration_weight=0"),
+}
+"""The tiny preset's variant (negatives from the policy's own rejected rollouts: the generator is started but never
+called) and the paper's recipe (the generator writes every negative; docs/experiments.md, section 0)."""
+EVAL_TARGETS = ("policy", "verifier", "cli")
+"""What an evaluation calls (the policy samples, the verifier checks) and the CLI, whose resume re-runs it."""
+WAITED_S = 0.5
+"""A negatives job that a generator kill landed inside waits for the restarted generator (seconds: a new process
+loads its model and binds its port); one that took less had its answer before the kill."""
 REL_TOL = 1e-4
 """Every other number (rewards, losses, KL, pair accuracies) within this relative tolerance (abs 1e-6 near zero).
 Measured on the tiny preset: they are exactly equal too (bench/chaos.py prints the largest difference); the
@@ -42,10 +60,25 @@ class Kill:
     target: str
     after_step: int
     delay_s: float
+    during: str | None = None
+    """A stage (negatives, evaluate): the kill waits for one of its jobs to be running and lands inside it."""
     logged: int = -1
-    """Steps logged when the kill landed; -1: never landed (the run had finished)."""
+    """Steps logged when the kill was sent; -1: never sent (the run had finished, or no `during` job came)."""
+    inside: str | None = None
+    """With `during`: the job that was running when the kill was sent and still was just after it."""
     seconds_to_next_step: float | None = None
     ended_cli: bool = False
+
+    @property
+    def sent(self) -> bool:
+        return self.logged >= 0
+
+    @property
+    def landed(self) -> bool:
+        return self.sent and (self.during is None or self.inside is not None)
+
+    def describe(self) -> str:
+        return f"{self.target}@{self.after_step}+{self.delay_s}s" + (f" in {self.during}" if self.during else "")
 
 
 @dataclass
@@ -53,6 +86,7 @@ class ChaosRun:
     seed: int
     steps: int
     kills: list[Kill]
+    recipe: str = "rollouts"
     wall_s: float = 0.0
     resumes: int = 0
     steps_redone: list[int] = field(default_factory=list)
@@ -60,37 +94,68 @@ class ChaosRun:
     max_rel_diff: dict[str, float] = field(default_factory=dict)
     left_in_tmp: list[str] = field(default_factory=list)
 
+    evaluations: int = 0
+    """Evaluate jobs in the run's records (the initial one included)."""
+
     @property
     def landed(self) -> list[Kill]:
-        return [k for k in self.kills if k.logged >= 0]
+        return [k for k in self.kills if k.landed]
+
+    @property
+    def not_landed(self) -> list[Kill]:
+        """Kills that were never sent, or that were meant to land inside a job and did not: failures, not passes."""
+        return [k for k in self.kills if not k.landed]
 
     @property
     def survived(self) -> int:
         """Kills after which the run logged another step (or, for a kill after the last step, completed)."""
-        return sum(k.seconds_to_next_step is not None for k in self.landed)
+        return sum(k.seconds_to_next_step is not None for k in self.kills if k.sent)
+
+    @property
+    def generator_kills_in_negatives(self) -> int:
+        return sum(k.target == "generator" and (k.inside or "").startswith("negatives:") for k in self.landed)
 
 
-def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGETS) -> list[Kill]:
+def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGETS, recipe: str = "rollouts",
+             eval_every: int = 0) -> list[Kill]:
     """`kills` kills, each target at least once when there are enough, spread over the run (the k-th near step
-    k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s."""
-    if kills < 1 or steps - 2 < kills:
-        raise ValueError(f"{kills} kills need at least {kills + 2} steps (one kill per step, none in the first or "
+    k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s; plus, with `eval_every`, one inside an
+    evaluation (a seeded EVAL_TARGETS), and with the paper's recipe one of the generator inside a negatives job, each
+    at a seeded place among the others."""
+    inside = ([Kill(random.Random(seed).choice(EVAL_TARGETS), 0, 0.0, during="evaluate")] if eval_every else []) + \
+        ([Kill("generator", 0, 0.0, during="negatives")] if recipe == "generator" else [])
+    total = kills + len(inside)
+    if kills < 1 or steps - 2 < total:
+        raise ValueError(f"{total} kills need at least {total + 2} steps (one kill per step, none in the first or "
                          f"last); got {steps} steps")
     rng = random.Random(seed)
     picked = rng.sample(targets, min(kills, len(targets))) + [rng.choice(targets) for _ in range(kills - len(targets))]
-    # Spread, not sampled: clustered kills land one after the other's recovery, late in the run.
-    after = [min(steps - 2, max(1, round((k + 1) * steps / (kills + 1)) + rng.randint(-1, 1))) for k in range(kills)]
-    return [Kill(t, s, round(rng.uniform(0.0, 2.0), 2)) for t, s in zip(picked, after, strict=True)]
+    every = [Kill(t, 0, round(rng.uniform(0.0, 2.0), 2)) for t in picked]
+    for kill in inside:
+        every.insert(rng.randint(0, len(every)), kill)
+    # Spread, not sampled: clustered kills land one after the other's recovery, late in the run. Sorted, so that the
+    # seeded +-1 never puts a kill before the one ahead of it.
+    after = sorted(min(steps - 2, max(1, round((k + 1) * steps / (total + 1)) + rng.randint(-1, 1)))
+                   for k in range(total))
+    for kill, step in zip(every, after, strict=True):
+        kill.after_step = step
+    return every
 
 
-def run_args(tmp: Path, name: str, seed: int, steps: int) -> list[str]:
-    return [f"run.steps={steps}", f"run.name={name}", f"run.output_dir={tmp}", f"run.seed={seed}", *FAST]
+def run_args(tmp: Path, name: str, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0
+             ) -> list[str]:
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")
+    # 64 of the 256 test problems: an evaluation still lasts long enough (about a second) for a kill to land inside.
+    return [f"run.steps={steps}", f"run.name={name}", f"run.output_dir={tmp}", f"run.seed={seed}", *FAST,
+            f"eval.every={eval_every}", "eval.max_problems=64", *RECIPES[recipe]]
 
 
-def uninterrupted(tmp: Path, seed: int, steps: int) -> tuple[list[dict[str, Any]], float]:
+def uninterrupted(tmp: Path, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0
+                  ) -> tuple[list[dict[str, Any]], float]:
     """The records and wall time of the same run without kills."""
     start = time.monotonic()
-    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps))
+    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every))
     assert train.wait(timeout_s=1800) == 0, train.stderr[-3000:]
     return read_metrics(tmp / f"calm-{seed}"), time.monotonic() - start
 
@@ -113,25 +178,28 @@ def _pid_of(train: Train, target: str) -> psutil.Process:
             time.sleep(0.2)
 
 
-def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print
-                   ) -> ChaosRun:
+def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print,
+                   recipe: str = "rollouts", eval_every: int = 0) -> ChaosRun:
     """Run `steps` steps of seed `seed`, SIGKILLing each target in `kills` once `after_step` steps are logged plus
-    `delay_s`; resume whenever the CLI ended. Records what happened; checks come after (check)."""
+    `delay_s` (and, with `during`, once a job of that stage runs); resume whenever the CLI ended. Records what
+    happened; checks come after (check)."""
     name = f"chaos-{seed}"
-    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills)
+    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe)
     start = time.monotonic()
-    train, trains = Train(tmp, *run_args(tmp, name, seed, steps)), []
+    train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every)), []
     trains.append(train)
     for kill in kills:
         train.wait_for_steps(run_dir, kill.after_step, timeout_s=600)
         time.sleep(kill.delay_s)
         if train.proc.poll() is not None:  # the run finished before this kill's moment
             break
-        victim = _pid_of(train, kill.target)
-        kill.logged = len(read_metrics(run_dir))
         killed_at = time.monotonic()
-        victim.send_signal(signal.SIGKILL)
-        say(f"seed {seed}: SIGKILL {kill.target} (pid {victim.pid}) with {kill.logged} steps logged")
+        victim = _kill_inside(train, run_dir, kill) if kill.during else _kill(train, kill.target)
+        if victim is None:  # no job of that stage ran before the run ended
+            break
+        kill.logged = len(read_metrics(run_dir))
+        say(f"seed {seed}: SIGKILL {kill.target} (pid {victim.pid}) with {kill.logged} steps logged"
+            + (f", inside {kill.inside or f'no {kill.during} job (it had ended)'}" if kill.during else ""))
         if kill.target in ("cli", "redis"):
             code = train.wait(timeout_s=120)
             kill.ended_cli = True
@@ -155,23 +223,117 @@ def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Cal
     chaos.wall_s = time.monotonic() - start
     if code != 0:
         chaos.violations.append(f"the run ended with exit code {code}:\n{train.stderr[-3000:]}")
-    for kill in chaos.landed:
-        if kill.logged >= steps and code == 0:
+    for kill in kills:
+        if kill.sent and kill.logged >= steps and code == 0:
             kill.seconds_to_next_step = 0.0
+    records = read_metrics(run_dir)
+    chaos.evaluations = sum(key.startswith("time/evaluate") for r in records for key in r)
+    _confirm_generator_kills(kills, records)
+    for kill in chaos.not_landed:
+        chaos.violations.append(f"the SIGKILL {kill.describe()} did not land: " + (
+            "the run had ended" if not kill.sent else f"no {kill.during} job was running when it was sent"))
     redone = set()
     for t in trains:
         for job in re.findall(r"re-queueing job \w+:(-?\d+)|job \w+:(-?\d+) failed \(attempt", t.stderr):
             redone.add(int(job[0] or job[1]))
     chaos.steps_redone = sorted(redone)
-    # A SIGKILLed service leaves the temp directory of Python's multiprocessing (pymp-*, removed at a normal exit):
-    # a known gap, listed in chaos.left_in_tmp, not counted as a broken invariant.
-    chaos.left_in_tmp = sorted(p.name for p in trains[0].tmp.iterdir() if p.name.startswith("pymp-"))
     for t in trains:
         try:
-            t.assert_nothing_left(allowed=("pymp-",))
+            t.assert_nothing_left()
         except AssertionError as err:
             chaos.violations.append(f"left behind: {err}")
     return chaos
+
+
+def _kill(train: Train, target: str) -> psutil.Process:
+    victim = _pid_of(train, target)
+    victim.send_signal(signal.SIGKILL)
+    return victim
+
+
+def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300) -> psutil.Process | None:
+    """SIGKILL kill.target (serving, for a service) as soon as a job of stage kill.during is running, and set
+    kill.inside to that job if its status was unchanged just after the kill. None if no such job ran before the run
+    ended or `timeout_s`."""
+    # The job statuses the stage workers write (queue.RunStore), read from the run's embedded Redis through a short
+    # link: the run directory's path may be too long for an AF_UNIX socket (embedded_redis.SOCKET_PATH_MAX).
+    link = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp")) / "redis"
+    link.symlink_to(run_dir / "redis")
+    store = redis.Redis(unix_socket_path=str(link / "redis.sock"), decode_responses=True)
+    # Steps 0..after_step-1 are logged, so all their jobs are done: the job to land in is of a later step.
+    status_key, jobs = f"cooper:{run_dir.name}:status", [f"{kill.during}:{s}" for s in range(kill.after_step,
+                                                                                              kill.after_step + 64)]
+    deadline, ready = time.monotonic() + timeout_s, run_dir / "logs" / f"{kill.target}.ready.json"
+    try:
+        victim = _pid_of(train, kill.target)
+        # A job that a killed CLI left "running" keeps that status until the resumed run takes it again: not a job
+        # of this process's workers.
+        since = psutil.Process(train.proc.pid).create_time()
+        while time.monotonic() < deadline and train.proc.poll() is None:
+            try:
+                running = [(job, record) for job, record in zip(jobs, store.hmget(status_key, jobs), strict=True)
+                           if record and _running_since(record, since)]
+            except redis.ConnectionError:  # Redis restarting after an earlier kill
+                time.sleep(0.1)
+                continue
+            # A service that the watchdog is still restarting (after an earlier kill) is not yet serving the job.
+            if not running or (kill.target in SERVICES and not ready.exists()):
+                time.sleep(0.001)  # a negatives job of the tiny preset runs for about 15 ms
+                continue
+            job, record = running[0]
+            if not _alive(victim):  # restarted after an earlier kill: a new process
+                victim = _pid_of(train, kill.target)
+            victim.send_signal(signal.SIGKILL)
+            try:
+                unchanged = store.hget(status_key, job) == record
+            except redis.ConnectionError:  # the CLI took its Redis with it: no worker can have moved the job on
+                unchanged = kill.target == "cli"
+            kill.inside = job if unchanged else None
+            return victim
+        return None
+    finally:
+        store.close()
+        shutil.rmtree(link.parent)
+
+
+def _running_since(record: str, since: float) -> bool:
+    status = json.loads(record)
+    return status["status"] == "running" and status["time"] >= since
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _confirm_generator_kills(kills: list[Kill], records: list[dict[str, Any]]) -> None:
+    """A generator kill inside a negatives job landed while the generator wrote that step's negatives only if the job
+    then waited for the restarted generator (WAITED_S): else the job had its answer before the kill."""
+    by_step = {r["step"]: r for r in records}
+    for kill in kills:
+        if kill.target == "generator" and kill.inside and kill.inside.startswith("negatives:"):
+            took = by_step.get(int(kill.inside.split(":")[1]), {}).get("time/negatives", 0.0)
+            if took < WAITED_S:
+                kill.inside = None
+
+
+def reward_versions_problems(lines: list[dict[str, Any]]) -> list[str]:
+    """Every reward update applied at most once, and scoring on the version the last one left: step t is scored by
+    v_t, the version step t-1's update left (v_0 = 0), and its update gives v_t + 1, or v_t when it was skipped,
+    which an update with pairs never is (one without pairs is skipped, unless replayed pairs make it one)."""
+    problems, version = [], 0
+    for r in lines:
+        used, after = r.get("reward_version_used"), r.get("reward_version")
+        if used != version:
+            problems.append(f"step {r['step']}: scored by reward version {used!r}, not {version}")
+        if not isinstance(used, int) or not isinstance(after, int) or after - used not in ((1,) if r.get("pairs")
+                                                                                             else (0, 1)):
+            problems.append(f"step {r['step']}: reward version {after!r} after the update of version {used!r} with "
+                            f"{r.get('pairs')!r} pairs")
+        version = after if isinstance(after, int) else version + 1
+    return problems
 
 
 def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None, batch_size: int = 8) -> None:
@@ -183,11 +345,12 @@ def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None
     if [r["step"] for r in lines] != list(range(steps)):
         bad(f"steps logged {[r['step'] for r in lines]}, not each of 0..{steps - 1} once in order")
     wanted = {"policy_version": range(1, steps + 1), "policy_version_sampled": range(steps),
-              "reward_version_used": range(steps), "reward_version": range(1, steps + 1),
               "data_offset": range(0, batch_size * steps, batch_size)}
     for key, values in wanted.items():
         if [r.get(key) for r in lines] != list(values):
             bad(f"{key} is {[r.get(key) for r in lines]}, not {list(values)}")
+    for problem in reward_versions_problems(lines):
+        bad(problem)
     if reference is None:
         return
     if len(lines) != len(reference):
@@ -201,7 +364,11 @@ def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None
                 if other != value:
                     bad(f"step {calm['step']}: {key} is {other!r}, the uninterrupted run's {value!r}")
                 continue
-            diff = abs(other - value) / max(abs(value), 1e-6) if isinstance(other, (int, float)) else math.inf
-            chaos.max_rel_diff[key] = max(chaos.max_rel_diff.get(key, 0.0), diff)
+            # A field missing (or not a number) in this run is a broken invariant, not a crash of the check.
+            if not isinstance(other, (int, float)) or isinstance(other, bool):
+                chaos.max_rel_diff[key] = math.inf
+                bad(f"step {calm['step']}: {key} is {other!r}, the uninterrupted run's {value!r}")
+                continue
+            chaos.max_rel_diff[key] = max(chaos.max_rel_diff.get(key, 0.0), abs(other - value) / max(abs(value), 1e-6))
             if not math.isclose(other, value, rel_tol=REL_TOL, abs_tol=1e-6):
                 bad(f"step {calm['step']}: {key} is {other!r}, the uninterrupted run's {value!r}")

@@ -1,22 +1,41 @@
-"""The chaos suite on a small scale (bench/chaos.py runs it at 40 steps and 3 seeds): a real run survives
-SIGKILLs of a service and of its embedded Redis, and keeps every invariant (tests/orchestrator/chaos.py)."""
+"""The chaos suite on a small scale: `python bench/chaos.py` itself (40 steps, 3 seeds and both recipes by default)
+on one seed of the paper's recipe, 7 steps. The run survives the SIGKILL of the CLI (it is resumed), of the
+generator inside a negatives job and of the CLI again inside an evaluation (the resumed run evaluates again), keeps
+every invariant, and logs the same records as the same run without kills (tests/orchestrator/chaos.py)."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-from chaos import Kill, check, run_with_kills, schedule
+from chaos import ChaosRun, check, schedule
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
-    steps = 8  # steps left after the last kill, so that it lands mid-run on a fast, quiet machine too
-    # The embedded Redis (the run stops; it is resumed), then the policy service (restarted by the watchdog).
-    kills = [Kill("redis", 1, 0.0), Kill("policy", 3, 0.0)]
-    chaos = run_with_kills(tmp_path, 0, steps, kills)
-    check(chaos, tmp_path / "chaos-0", reference=None)
-    assert not chaos.violations, "\n".join(chaos.violations)
-    assert [k.logged >= 0 for k in kills] == [True, True]  # both landed before the run ended
-    assert chaos.survived == 2 and chaos.resumes == 1
+    # Seed 6's schedule: cli@1, generator@3 inside negatives, cli@4 inside an evaluation (eval after steps -1, 1, 3,
+    # 5 and 6); 7 steps leave steps to run after the last kill.
+    args = ["--seeds", "6", "--recipes", "generator", "--steps", "7", "--kills", "1", "--eval-every", "2"]
+    assert [k.describe() for k in schedule(6, 7, 1, recipe="generator", eval_every=2)] == [
+        "cli@1+1.64s", "generator@3+0.0s in negatives", "cli@4+0.0s in evaluate"]
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--keep", str(tmp_path)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=1500)
+    lines = done.stdout.strip().splitlines()
+    run, summary = json.loads(lines[-2]), json.loads(lines[-1])
+    assert done.returncode == 0 and summary["invariants_held"], "\n".join(run["violations"]) or done.stderr[-3000:]
+    assert run["kills_not_landed"] == [] and run["kills_by_target"] == ["cli", "generator", "cli"]
+    assert run["kills_inside"][0] in {f"negatives:{t}" for t in range(2, 7)}
+    assert run["kills_inside"][1] in {"evaluate:5", "evaluate:6"}
+    assert run["kills_survived"] == 3 and run["resumes"] == 2 and run["max_rel_diff"] == 0.0
+    assert run["evaluations"] == 5 and summary["generator_kills_in_negatives"] == 1
+    print(f"\nchaos: {lines[-1]}")
 
 
 def test_the_schedule_kills_every_target_at_seeded_moments():
@@ -28,3 +47,31 @@ def test_the_schedule_kills_every_target_at_seeded_moments():
     assert all(b - a >= 3 for a, b in zip(steps, steps[1:], strict=False))  # spread over the run
     with pytest.raises(ValueError, match="6 kills need at least 8 steps"):
         schedule(0, 7, 6)
+
+
+def test_the_paper_recipe_and_evaluations_add_kills_inside_their_jobs():
+    kills = schedule(3, 40, 6, recipe="generator", eval_every=5)
+    inside = [(k.target, k.during) for k in kills if k.during]
+    assert len(kills) == 8 and ("generator", "negatives") in inside and len(inside) == 2
+    assert {t for t, d in inside if d == "evaluate"} <= {"policy", "verifier", "cli"}
+    steps = [k.after_step for k in kills]
+    assert steps == sorted(steps) and len(set(steps)) == 8 and steps[-1] <= 38
+    with pytest.raises(ValueError, match="8 kills need at least 10 steps"):
+        schedule(0, 9, 6, recipe="generator", eval_every=5)
+
+
+def test_the_check_reports_a_missing_or_different_number_instead_of_crashing(tmp_path):
+    reference = [{"step": t, "policy_version": t + 1, "policy_version_sampled": t, "data_offset": 8 * t,
+                  "reward_version_used": t, "reward_version": t + 1, "pairs": 3, "reward_mean": 0.5} for t in range(2)]
+    mine = [dict(r) for r in reference]
+    del mine[0]["reward_mean"]  # a float field the run did not log
+    mine[1]["reward_version"] = 3  # an update applied twice
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
+    chaos = ChaosRun(0, 2, [])
+    check(chaos, tmp_path, reference)
+    assert chaos.violations == [
+        "step 1: reward version 3 after the update of version 1 with 3 pairs",
+        "step 0: reward_mean is None, the uninterrupted run's 0.5",
+        "step 1: reward_version is 3, the uninterrupted run's 2",
+    ]
+    assert chaos.max_rel_diff["reward_mean"] == math.inf

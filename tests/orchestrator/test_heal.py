@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from train_process import FAST, Train, alive, assert_consistent, cmdline, resume_to_the_end
 
@@ -179,6 +180,60 @@ def test_the_watchdog_restarts_a_service_on_its_port_then_gives_up(tmp_path):
         assert service.process.pid == first_pid  # not started a second time
         assert lost == [f"the verifier service died (exit code -9) after 1 restarts (run.service_restarts); "
                         f"its log: {tmp_path / 'logs' / 'verifier.log'}"]
+
+
+def test_a_service_killed_while_it_restarts_is_restarted_again(tmp_path):
+    """A death while the watchdog waits for the restarted service to serve counts as one more death, not as a
+    service that cannot start (seen in bench/chaos.py: two kills of the generator, the second during its restart,
+    stopped the run with restarts left)."""
+    from cooper.config import CooperConfig, with_overrides
+    from cooper.orchestrator.launch import write_configs
+    from cooper.orchestrator.local import LocalServices
+    from cooper.services.verifier.client import VerifierClient, VerifyItem
+
+    config = with_overrides(CooperConfig(), ["run.service_restarts=2", "verifier.server.port=0", "verifier.workers=1",
+                                             "verifier.server.metrics_port=null"])
+    lost: list[str] = []
+    with LocalServices(config, write_configs(config, tmp_path), tmp_path, names=["verifier"],
+                       on_lost=lost.append) as services:
+        service = services.started[0]
+        first = service.process.pid
+        service.process.kill()
+        deadline = time.monotonic() + 30
+        while service.process.pid == first:  # respawned: a new process, not serving yet (it imports for seconds)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert not (tmp_path / "logs" / "verifier.ready.json").exists()
+        service.process.kill()
+        with VerifierClient(services.addresses["verifier"], config.verifier.server) as client:
+            assert client.verify([VerifyItem(id="0", completion="\\boxed{2}", reference="2")])[0].verdict
+        assert service.restarts == 2 and lost == []
+
+
+def test_a_sigkilled_service_leaves_no_pymp_directory(tmp_path):
+    """multiprocessing's pymp-* directory (here the verifier's forkserver's) is removed only by a normal exit: each
+    service has a TMPDIR of its own, emptied when the watchdog restarts it and removed when it is stopped."""
+    from cooper.config import CooperConfig, with_overrides
+    from cooper.orchestrator.launch import write_configs
+    from cooper.orchestrator.local import LocalServices
+    from cooper.services.verifier.client import VerifierClient, VerifyItem
+
+    config = with_overrides(CooperConfig(), ["run.service_restarts=1", "verifier.server.port=0", "verifier.workers=1",
+                                             "verifier.server.metrics_port=null"])
+    with LocalServices(config, write_configs(config, tmp_path), tmp_path, names=["verifier"]) as services:
+        service = services.started[0]
+        temp_dir = service.temp_dir
+        assert temp_dir is not None and psutil.Process(service.process.pid).environ()["TMPDIR"] == str(temp_dir)
+        with VerifierClient(services.addresses["verifier"], config.verifier.server) as client:
+            item = VerifyItem(id="0", completion="\\boxed{2}", reference="2")
+            assert client.verify([item])[0].verdict
+            before = {p.name for p in temp_dir.glob("pymp-*")}
+            assert before, "the verifier made no pymp-* directory: this test would prove nothing"
+            service.process.kill()
+            assert client.verify([item])[0].verdict  # served by the restarted service
+        assert service.restarts == 1
+        assert not before & {p.name for p in temp_dir.glob("pymp-*")}  # the killed process's is gone
+    assert not temp_dir.exists()
 
 
 def test_a_resume_drops_metrics_lines_of_steps_not_recorded_as_logged(tmp_path):

@@ -33,6 +33,8 @@ class Train:
             self.proc = subprocess.Popen([sys.executable, "-m", "cooper.cli", "train", "--no-progress", *args],
                                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
         self.seen: dict[int, psutil.Process] = {}
+        self.service_temp_dirs: set[Path] = set()
+        """The TMPDIR of every service seen (processes.service_temp_dir): each must be gone at the end."""
 
     @property
     def stderr(self) -> str:
@@ -44,6 +46,12 @@ class Train:
             children = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        for child in children:
+            if child.pid not in self.seen and "serve" in cmdline(child):
+                try:
+                    self.service_temp_dirs.add(Path(child.environ()["TMPDIR"]))
+                except (psutil.Error, KeyError):
+                    pass
         self.seen.update({c.pid: c for c in children})
         return children
 
@@ -112,8 +120,8 @@ class Train:
         self.wait_for_children_to_exit()
 
     def assert_nothing_left(self, allowed: tuple[str, ...] = ()) -> None:
-        """No process this run started is running, and its TMPDIR is empty but for names starting with `allowed`.
-        torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
+        """No process this run started is running, its TMPDIR is empty but for names starting with `allowed`, and no
+        service's own TMPDIR is left. torch's compile cache (torchinductor_<user>) is a cache kept on purpose."""
         assert self.seen, "no child process was ever seen: the check would prove nothing"
         running = [p for p in self.seen.values() if alive(p)]
         needle = str(self.tmp)
@@ -122,6 +130,7 @@ class Train:
                 running.append(proc)
         assert not running, [" ".join(cmdline(p)) for p in running]
         left = [p.name for p in self.tmp.iterdir() if not p.name.startswith(("torchinductor_", *allowed))]
+        left += [str(path) for path in self.service_temp_dirs if path.exists()]
         assert not left, left
 
 

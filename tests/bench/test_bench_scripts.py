@@ -1,0 +1,66 @@
+"""Every bench script runs, on its smallest settings, and ends with its one JSON line (README, "Benchmarks").
+
+Each runs as a user runs it, `python bench/NAME.py ARGS`, on the tiny models; the figures are not checked (on
+these settings they mean nothing), only that the script gets to the end and reports the keys it documents.
+bench/chaos.py runs in tests/orchestrator/test_chaos.py, which checks what it reports. Left out: the peers of
+bench/reward_http.py (environments of their own: bench/peers/setup.sh) and the vLLM scripts where vLLM is not
+installed (the vllm marker skips them, saying so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPTS = [
+    pytest.param("checkpoint.py", ["--repeats", "1", "--skip-large"], {"bench", "tiny", "tiny_step_seconds"},
+                 id="checkpoint"),
+    pytest.param("verifier.py", ["--cases", "12", "--repeats", "1"],
+                 {"cases", "direct_per_s", "service_1w_per_s", "service_2w_per_s"}, id="verifier"),
+    pytest.param("generator_negatives.py", ["--repeats", "1", "--llm-extra-tokens", "2", "--solutions", "3"],
+                 {"bench", "perturb", "llm_tiny", "time_ratio_llm_tiny_over_perturb"}, id="generator_negatives"),
+    pytest.param("policy.py", ["--rounds", "1", "--prompts", "2", "--n", "2", "--max-new-tokens", "4"],
+                 {"bench", "generate_ratio", "train_step_s_grpc"}, id="policy"),
+    pytest.param("reward_http.py", ["--servers", "service", "--seconds", "0.5", "--rounds", "1", "--clients", "4",
+                                    "--items", "128", "--check-items", "8", "--warmup", "4", "--ceiling-seconds", "0.3"],
+                 {"servers", "ceiling_items_per_s", "scores_match", "ratio_vs_best_peer_reason"}, id="reward_http"),
+    pytest.param("step.py", ["--steps", "1", "--warmup", "1", "--mode", "rule"],
+                 {"bench", "inprocess", "services", "overhead"}, id="step"),
+    pytest.param("experiment.py", ["--smoke", "--seeds", "0", "--parallel", "2"],
+                 {"seeds", "runs", "failed_criteria", "reproduced"}, id="experiment"),
+    pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
+                                "--rounds", "1"], {"bench", "tokens_per_s", "ratio"},
+                 marks=pytest.mark.vllm, id="rollout"),
+    pytest.param("rollout_mismatch.py", ["--steps", "1"], {"bench", "runs", "figure"}, marks=pytest.mark.vllm,
+                 id="rollout_mismatch"),
+]
+
+
+RUN_ELSEWHERE = {"chaos.py": "tests/orchestrator/test_chaos.py"}
+"""Scripts another test runs whole: there, on a small scale, is the test of the system they measure."""
+
+
+def test_every_bench_script_is_tested():
+    tested = {p.values[0] for p in SCRIPTS} | RUN_ELSEWHERE.keys()
+    assert tested == {p.name for p in (ROOT / "bench").glob("*.py")}
+    assert all("bench/" + name in (ROOT / test).read_text() for name, test in RUN_ELSEWHERE.items())
+
+
+@pytest.mark.parametrize(("script", "args", "keys"), SCRIPTS)
+def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str], keys: set[str],
+                                                     tmp_path: Path) -> None:
+    # In tmp_path: what a script writes under the working directory (runs/) or in temp directories.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    last = done.stdout.strip().splitlines()[-1]
+    result = json.loads(last)
+    assert keys <= result.keys(), f"{script}'s last line lacks {sorted(keys - result.keys())}: {last[:1000]}"
