@@ -74,9 +74,12 @@ def policy_samples(prompts: int, k: int) -> list[tuple[Problem, str, bool]]:
     return samples
 
 
-def auroc(scores: list[float], labels: list[bool]) -> float:
+def auroc(scores: list[float], labels: list[bool]) -> float | None:
+    """None when every sample is right, or every one wrong: there is nothing to rank."""
     right = [s for s, label in zip(scores, labels, strict=True) if label]
     wrong = [s for s, label in zip(scores, labels, strict=True) if not label]
+    if not right or not wrong:
+        return None
     return sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
 
 
@@ -113,7 +116,8 @@ def main() -> None:
             scores = [s for s, _ in rm.score([ScoreItem(p.question, p.answer, text) for p, text, _ in samples])]
             groups = range(0, len(samples), args.k)
             best = [max(zip(scores[i : i + args.k], labels[i : i + args.k], strict=True))[1] for i in groups]
-            run = {"auroc": round(auroc(scores, labels), 4), "best_of_k_accuracy": round(sum(best) / len(best), 4),
+            ranked = auroc(scores, labels)
+            run = {"auroc": None if ranked is None else round(ranked, 4), "best_of_k_accuracy": round(sum(best) / len(best), 4),
                    "seconds": round(seconds, 1)}
             results["runs"][f"{negatives}/{problems}"] = run
             print(f"{negatives} {problems}: {run}", flush=True)
