@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPTS = [
-    pytest.param("checkpoint.py", ["--repeats", "1", "--skip-large"], {"bench", "tiny", "tiny_step_seconds"},
+    pytest.param("checkpoint.py", ["--repeats", "1", "--skip-large"], {"bench", "every", "journal", "tiny"},
                  id="checkpoint"),
     pytest.param("verifier.py", ["--cases", "12", "--repeats", "1"],
                  {"cases", "direct_per_s", "service_1w_per_s", "service_2w_per_s"}, id="verifier"),
