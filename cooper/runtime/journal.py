@@ -30,8 +30,8 @@ import torch
 _ENTRY = re.compile(r"^u(\d{8})\.pt$")
 
 
-def _fsync_directory(path: Path) -> None:
-    # A rename is durable only once the directory that holds the name is on disk too.
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory: a rename is durable only once the directory that holds the name is on disk too."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -72,7 +72,7 @@ class UpdateJournal:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_directory(self.root)
+        fsync_path(self.root)
 
     def chain(self, version: int, last_key: str) -> list[dict[str, Any]]:
         """The entries that continue a state at `version` whose last applied key is `last_key`: version + 1,

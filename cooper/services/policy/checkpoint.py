@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from cooper.runtime.journal import fsync_path
+
 log = logging.getLogger("cooper.policy")
 
 STATE_FILE = "state.json"
@@ -38,14 +40,6 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 def checkpoint_name(version: int) -> str:
     return f"v{version:08d}"
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(
@@ -67,7 +61,7 @@ def save_checkpoint(
         (tmp / STATE_FILE).write_text(json.dumps({**state, "saved_at": time.time()}, indent=1))
         for path in tmp.rglob("*"):
             if path.is_file():
-                _fsync(path)
+                fsync_path(path)
         if target.exists():
             # Saving the same version again (Save() twice without an update): swap the directories so that a
             # complete copy exists at every moment except between the two renames.
@@ -78,7 +72,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(target)
-        _fsync(root)
+        fsync_path(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if keep is not None:
