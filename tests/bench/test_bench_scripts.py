@@ -55,9 +55,19 @@ def test_every_bench_script_is_tested():
     assert all("bench/" + name in (ROOT / test).read_text() for name, test in RUN_ELSEWHERE.items())
 
 
+@pytest.fixture(scope="module")
+def tiny_preset_models() -> None:
+    """The preset's warm starts, built here rather than inside a script's time limit (the SFT alone takes minutes
+    on a busy 2-core machine)."""
+    from cooper.tiny.warm_start import tiny_pretrained_rm_dir, tiny_sft_policy_dir
+
+    tiny_sft_policy_dir()
+    tiny_pretrained_rm_dir()
+
+
 @pytest.mark.parametrize(("script", "args", "keys"), SCRIPTS)
 def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str], keys: set[str],
-                                                     tmp_path: Path) -> None:
+                                                     tmp_path: Path, tiny_preset_models: None) -> None:
     # In tmp_path: what a script writes under the working directory (runs/) or in temp directories.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
