@@ -30,7 +30,7 @@ def _only_run(cwd: Path) -> Path:
 def test_cooper_train_from_an_empty_directory(tmp_path):
     cwd = tmp_path / "fresh"
     cwd.mkdir()
-    result = _cooper(cwd, "train", "run.steps=3", "--no-progress", timeout_s=280)
+    result = _cooper(cwd, "train", "run.steps=3", "--no-progress", timeout_s=600)
     assert result.returncode == 0, result.stderr[-4000:]
     run_dir = _only_run(cwd)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -45,7 +45,7 @@ def test_cooper_experiment_from_an_empty_directory(tmp_path):
     cwd = tmp_path / "fresh"
     cwd.mkdir()
     result = _cooper(cwd, "experiment", "--modes", "rule,static", "--best-of-n", "2", "--no-progress",
-                     "run.steps=2", "run.name=first", timeout_s=280)
+                     "run.steps=2", "run.name=first", timeout_s=600)
     assert result.returncode == 0, result.stderr[-4000:]
     out = cwd / "runs" / "first"
     verdict = json.loads((out / "results.json").read_text())
@@ -56,7 +56,7 @@ def test_cooper_experiment_from_an_empty_directory(tmp_path):
     # The verdict is computed from the runs (two steps reproduce nothing: a mode that did not run fails its
     # criteria), and the best-of-n baseline and the exploit report come from the initial models.
     (seed,) = verdict["seeds"]
-    assert verdict["reproduced"] is False and verdict["benchmark"] == "tiny"
+    assert verdict["reproduced"] is False and verdict["benchmark"] == "heldout"  # judged on the held-out set
     assert {(s["mode"], s["seed"]) for s in verdict["runs"]} == {("rule", seed), ("static", seed)}
     assert verdict["criteria"][str(seed)]["cooper_keeps_up_with_rule"] is False
     assert len(json.loads((out / "best_of_n.json").read_text())["curve"]) >= 2
