@@ -65,6 +65,7 @@ def tiny_preset_models() -> None:
     tiny_pretrained_rm_dir()
 
 
+@pytest.mark.timeout(1200)  # the first test builds the warm starts (tiny_preset_models), minutes on a busy machine
 @pytest.mark.parametrize(("script", "args", "keys"), SCRIPTS)
 def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str], keys: set[str],
                                                      tmp_path: Path, tiny_preset_models: None) -> None:
