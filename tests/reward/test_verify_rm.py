@@ -246,7 +246,7 @@ def test_no_pairs_is_a_skipped_update(rm: VerifyRM) -> None:
 def test_pretrain_bce_learns_labels(rm: VerifyRM) -> None:
     triples = [LabelledTriple(p.question, p.reference, c, label)
                for p in tiny_pairs(2) for c, label in ((p.positive, True), (p.negative, False))]
-    result = rm.pretrain(triples, epochs=20, lr=3e-3, batch_size=4)
+    result = rm.pretrain(triples, epochs=60, lr=3e-3, batch_size=4)
     assert result["accuracy"] == 1.0
     assert result["loss"] < math.log(2)
     assert rm.version == 0
