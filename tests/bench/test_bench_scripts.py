@@ -72,7 +72,7 @@ def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str
     # In tmp_path: what a script writes under the working directory (runs/) or in temp directories.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=900)  # rollout_mismatch builds its warm start
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     last = done.stdout.strip().splitlines()[-1]
     result = json.loads(last)
