@@ -19,19 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import time
 
 import torch
 
 from cooper.config import DataConfig, OptimConfig
+from cooper.dataset_formats import last_boxed
 from cooper.services.reward.items import LabelledTriple, ScoreItem
 from cooper.services.reward.verify_rm import VerifyRM
 from cooper.tiny import warm_start
 from cooper.tiny.models import tiny_reward_model_dir
-from cooper.tiny.task import NEAR_MISSES, Problem, make_split, steps, wrong_solution
-
-_BOXED = re.compile(r"\\boxed\{([^}]*)\}")
+from cooper.tiny.task import NEAR_MISSES, Problem, apply_step, make_split, steps, wrong_solution
 
 
 def carried_error_solution(problem: Problem, rng: random.Random) -> str:
@@ -40,7 +38,7 @@ def carried_error_solution(problem: Problem, rng: random.Random) -> str:
     wrong_at, previous, parts = rng.randrange(len(chain)), None, []
     for index, (op, a, b) in enumerate(chain):
         a = a if previous is None else previous
-        value = a + b if op == "+" else a - b if op == "-" else a * b
+        value = apply_step(op, a, b)
         if index == wrong_at:
             value += rng.choice(NEAR_MISSES)
         parts.append(f"{a} {op} {b} = {value}")
@@ -69,8 +67,8 @@ def policy_samples(prompts: int, k: int) -> list[tuple[Problem, str, bool]]:
         completions = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         for index, text in enumerate(completions):
             problem = chunk[index // k]
-            boxes = _BOXED.findall(text)
-            samples.append((problem, text, bool(boxes) and boxes[-1].strip() == problem.answer))
+            boxed = last_boxed(text)
+            samples.append((problem, text, boxed is not None and boxed.strip() == problem.answer))
     return samples
 
 

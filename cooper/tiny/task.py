@@ -42,7 +42,8 @@ def one_step_facts() -> list[Fact]:
     return adds + subs + muls
 
 
-def _value(op: str, a: int, b: int) -> int:
+def apply_step(op: str, a: int, b: int) -> int:
+    """The result of one step, `a op b`."""
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
@@ -51,13 +52,13 @@ def steps(key: Key) -> list[Fact]:
     ops, a, b, c = key
     if len(ops) == 1:
         return [(ops, a, b)]
-    middle = _value(ops[0], a, b)
+    middle = apply_step(ops[0], a, b)
     return [(ops[0], a, b), (ops[1], middle, c)]
 
 
 def answer_of(key: Key) -> int:
     op, a, b = steps(key)[-1]
-    return _value(op, a, b)
+    return apply_step(op, a, b)
 
 
 def two_step_chains() -> list[Key]:
@@ -111,7 +112,7 @@ def _draw_key(rng: random.Random, split: str) -> Key:
 def make_problem(rng: random.Random, index: int, split: str) -> Problem:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     key = _draw_key(rng, split)
-    work = ", then ".join(f"{a} {op} {b} = {_value(op, a, b)}" for op, a, b in steps(key))
+    work = ", then ".join(f"{a} {op} {b} = {apply_step(op, a, b)}" for op, a, b in steps(key))
     result = answer_of(key)
     solution = f"We compute {work}. The answer is \\boxed{{{result}}}."
     return Problem(id=f"{split}-{index}", question=_question(key, name, thing), answer=str(result),
