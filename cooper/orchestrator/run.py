@@ -23,6 +23,7 @@ from cooper.config import CooperConfig
 from cooper.evaluation.monitor import auroc, false_positive_rate
 from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.orchestrator import graph as g
+from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog, trim_metrics
@@ -187,6 +188,7 @@ class Orchestrator:
         bar = tqdm(total=steps, initial=next_step, disable=not progress, unit="step", dynamic_ncols=True,
                    desc=f"{self.config.run.mode} {self.run_id}")
         last_test: dict[str, float] = {}
+        watch = AlarmWatch.for_run(self.config, self.store, self.run_dir)
         try:
             while next_step < steps:
                 error = self.store.state().get("error")
@@ -196,6 +198,8 @@ class Orchestrator:
                     time.sleep(0.02)
                     continue
                 record = step_record(self.ctx, self.graph, next_step)
+                if watch:
+                    record.update(watch.observe(record))
                 metrics.write(record)
                 records.append(record)
                 self.store.set_state(logged_through=next_step, policy_version=record["policy_version"],

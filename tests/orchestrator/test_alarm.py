@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -121,3 +122,53 @@ def test_a_stricter_false_alarm_rate_needs_more_evidence() -> None:
 def test_bad_settings_are_refused_with_the_setting_named(settings: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match="|".join(settings)):
         AlarmSettings(**settings)
+
+
+# ----- the alarm as a run's driver runs it: state in the run's (real) Redis, events in alarms.jsonl ---------------
+
+def _watch_config(mode: str, alarm_mode: str, steps: int = 200):  # type: ignore[no-untyped-def]
+    from cooper.config import load_config
+
+    return load_config(overrides=[f"run.mode={mode}", f"run.steps={steps}", f"alarm.mode={alarm_mode}"])
+
+
+def _records(steps: int, hack_from: int) -> list[dict]:  # type: ignore[type-arg]
+    rng = random.Random("watch")
+    return [{"step": step, "policy_version": step + 1, "reward_version_used": 7,
+             **honest_step(rng, fpr_shift=0.4 if step >= hack_from else 0.0)} for step in range(steps)]
+
+
+def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_path, redis_client, run_id) -> None:
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.queue import RunStore
+
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
+    assert watch is not None
+    fields = [watch.observe(record) for record in _records(120, hack_from=60)]
+    raised_at = next(i for i, f in enumerate(fields) if f.get("alarm/event") == "raised")
+    assert 60 <= raised_at < 80
+    assert all(f["alarm/state"] == "baseline" for f in fields[:30])
+    events = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
+    assert events[0] == {**events[0], "step": raised_at, "event": "raised", "policy_version": raised_at + 1,
+                         "reward_version": 7, "actions": ["verifier_reward"], "trigger": "rm_false_positive_rate"}
+    assert store.state()[ACTIVE_KEY] == ["verifier_reward"]  # the stages read this while the alarm is up
+
+    # A resumed run (a new driver on the same Redis state) goes on with the same baseline and sums.
+    resumed = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
+    assert resumed is not None and resumed.alarm == watch.alarm
+
+
+def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp_path, redis_client, run_id) -> None:
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.queue import RunStore
+
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(_watch_config("cooper", "warn"), store, tmp_path)
+    assert watch is not None
+    for record in _records(120, hack_from=60):
+        watch.observe(record)
+    assert (tmp_path / "alarms.jsonl").exists() and ACTIVE_KEY not in store.state()
+    assert AlarmWatch.for_run(_watch_config("rule", "act"), store, tmp_path) is None
+    assert AlarmWatch.for_run(_watch_config("static", "off"), store, tmp_path) is None
+    assert AlarmWatch.for_run(_watch_config("static", "act", steps=30), store, tmp_path) is None
