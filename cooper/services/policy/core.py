@@ -22,7 +22,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from cooper.services.policy.checkpoint import (
 )
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.errors import RankFailure, RanksRestarted
+from cooper.services.policy.messages import TrainResult
 from cooper.services.policy.models import load_causal_lm, load_reference, resolve_autocast
 from cooper.services.policy.trainer import (
     GRPOTrainer,
@@ -99,13 +99,6 @@ def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence
     result it answered. Rewards in float64, so the replay sees exactly the floats the request carried."""
     return {"key": key, "rollout": rollout_tensors(samples),
             "rewards": torch.tensor(list(rewards), dtype=torch.float64), "group_size": group_size, "metrics": metrics}
-
-
-@dataclass
-class TrainResult:
-    metrics: dict[str, float]
-    version: int
-    replayed: bool
 
 
 class PolicyCore:
