@@ -406,7 +406,7 @@ class GRPOTrainer(PolicyUpdater):
         advantages = rollout_advantages(samples, rewards, group_size, self.adv_eps)
         sums = self.run_update(samples, advantages, step=False)
         metrics = update_metrics(sums, rewards, self.epochs, self.rollout_is_cap)
-        del metrics["lr"]
+        del metrics["lr"]  # no step was taken with it
         return metrics
 
     def run_update(self, samples: Sequence[RolloutSample], advantages: Tensor, passes: int = 0, step: bool = True
