@@ -15,7 +15,7 @@ from typing import Any
 
 from cooper.config import CooperConfig
 from cooper.evaluation.alarm import AlarmSettings, HackingAlarm
-from cooper.orchestrator.queue import RunStore
+from cooper.orchestrator.run_store import RunStore
 
 log = logging.getLogger("cooper.orchestrator")
 

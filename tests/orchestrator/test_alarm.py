@@ -140,7 +140,7 @@ def _records(steps: int, hack_from: int) -> list[dict]:  # type: ignore[type-arg
 
 def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_path, redis_client, run_id) -> None:
     from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
-    from cooper.orchestrator.queue import RunStore
+    from cooper.orchestrator.run_store import RunStore
 
     store = RunStore(redis_client, "cooper-test", run_id)
     watch = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
@@ -161,7 +161,7 @@ def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_pat
 
 def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp_path, redis_client, run_id) -> None:
     from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
-    from cooper.orchestrator.queue import RunStore
+    from cooper.orchestrator.run_store import RunStore
 
     store = RunStore(redis_client, "cooper-test", run_id)
     watch = AlarmWatch.for_run(_watch_config("cooper", "warn"), store, tmp_path)
