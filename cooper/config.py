@@ -641,6 +641,9 @@ class AlarmConfig(StrictModel):
     """CUSUM allowance k: the excess, in baseline spreads, a step must show to count as evidence."""
     clear_steps: int = Field(default=10, ge=1)
     """The alarm clears once every signal's mean excess over this many steps is back under `drift`."""
+    threshold: float | None = Field(default=None, ge=0)
+    """The CUSUM threshold h itself, instead of the one calibrated for `false_alarm_rate` (for a threshold fitted on
+    one's own runs)."""
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -72,6 +72,7 @@ class AlarmSettings:
     run_steps: int = 400
     min_spread: float = 0.05  # a floor on a signal's baseline spread: 20 steps can look near-constant by chance
     clear_steps: int = 10
+    fixed_threshold: float | None = None  # h itself, instead of the one calibrated for false_alarm_rate
 
     def __post_init__(self) -> None:
         if self.baseline_steps < 2:
@@ -85,6 +86,8 @@ class AlarmSettings:
 
     @property
     def threshold(self) -> float:
+        if self.fixed_threshold is not None:
+            return self.fixed_threshold
         return threshold_for(self.false_alarm_rate, self.baseline_steps, self.run_steps, len(SIGNALS), self.drift)
 
 

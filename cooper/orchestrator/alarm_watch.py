@@ -31,7 +31,7 @@ class AlarmWatch:
         self.actions = list(alarm.actions) if self.acting else []
         self.settings = AlarmSettings(baseline_steps=alarm.baseline_steps, drift=alarm.drift,
                                       false_alarm_rate=alarm.false_alarm_rate, run_steps=config.run.steps,
-                                      clear_steps=alarm.clear_steps)
+                                      clear_steps=alarm.clear_steps, fixed_threshold=alarm.threshold)
         self.store, self.events = store, run_dir / EVENTS_FILE
         saved = store.state().get(STATE_KEY)
         self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)

@@ -36,10 +36,13 @@ class Job:
 
 
 class StepGraph:
-    def __init__(self, mode: str, steps: int, eval_every: int):
+    def __init__(self, mode: str, steps: int, eval_every: int, verify_before_update: bool = False):
+        """`verify_before_update`: policy_update(t) waits for verify(t) too, so that it can train on the verifier's
+        reward instead of the reward model's (the reward-hacking alarm's act mode)."""
         if mode not in ("rule", "static", "cooper"):
             raise ValueError(f"unknown reward mode {mode!r}")
         self.mode, self.steps, self.eval_every = mode, steps, eval_every
+        self.verify_before_update = verify_before_update
 
     def evaluates_after(self, step: int) -> bool:
         """Evaluation follows step `step` every eval_every steps and after the last step, and "step -1" is the
@@ -88,9 +91,12 @@ class StepGraph:
                 deps.append(Job(t - 1, REWARD_UPDATE))  # score(t) uses v_t, the model after reward_update(t-1)
             return deps
         if stage == POLICY_UPDATE:
+            deps = [Job(t, SCORE)]
+            if self.verify_before_update and self.mode != "rule":  # in rule mode score(t) waits for verify(t)
+                deps.append(Job(t, VERIFY))
             if t == 0 and self.evaluates_after(-1):
-                return [Job(t, SCORE), Job(-1, EVALUATE)]  # the initial evaluation sees version 0
-            return [Job(t, SCORE)]
+                deps.append(Job(-1, EVALUATE))  # the initial evaluation sees version 0
+            return deps
         if stage == NEGATIVES:
             return [Job(t, VERIFY)]
         if stage == REWARD_UPDATE:

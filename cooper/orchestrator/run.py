@@ -71,6 +71,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "no_answer_rate": _mean([float(v == "NO_ANSWER") for v in ve["verdicts"]]),
         "reward_version_used": sc["reward_version"],
         "policy_version": pu["policy_version"],
+        "reward_source": pu.get("reward_source", "verifier" if graph.mode == "rule" else "reward_model"),
         "policy_version_sampled": ro["policy_version"],
         "prompt_ids": [p["example"] for p in ro["prompts"]],
         "data_epoch": ro["data_position"]["epoch"],
@@ -134,7 +135,8 @@ class Orchestrator:
                  workers: int = 3):
         self.config, self.run_id, self.run_dir, self.store = config, run_id, run_dir, store
         rows, tests = load_data(config)
-        self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every)
+        self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every,
+                               verify_before_update=config.alarm.mode == "act")
         self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
                                 addresses, rm_benchmark(config))
         self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]

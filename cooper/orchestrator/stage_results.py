@@ -61,6 +61,7 @@ class PolicyUpdateResult(StageResult):
     metrics: dict[str, float]
     policy_version: int  # after the update
     replayed: bool
+    reward_source: str  # "reward_model", or "verifier" while the reward-hacking alarm acts (rule mode: "verifier")
 
 
 class PairRecord(TypedDict):

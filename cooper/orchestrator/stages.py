@@ -20,6 +20,7 @@ from typing import Any
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
+from cooper.orchestrator.alarm_watch import ACTIVE_KEY as ALARM_ACTIVE_KEY
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stage_results import (
@@ -175,10 +176,14 @@ def verify(ctx: StageContext, step: int) -> VerificationResult:
     return {"verdicts": [Verdict.Name(r.verdict) for r in results], "extracted": [r.extracted for r in results]}
 
 
+def verifier_rewards(verification: VerificationResult) -> list[float]:
+    """The verifier's reward: 1 for CORRECT, 0 for anything else (rule mode's, and the alarm's fallback)."""
+    return [1.0 if v == "CORRECT" else 0.0 for v in verification["verdicts"]]
+
+
 def score(ctx: StageContext, step: int) -> ScoreResult:
     if ctx.config.run.mode == "rule":  # the verifier's 1/0; the reward service is never called
-        verdicts = ctx.result(graph.VERIFY, step)["verdicts"]
-        return {"rewards": [1.0 if v == "CORRECT" else 0.0 for v in verdicts], "logits": [], "reward_version": -1}
+        return {"rewards": verifier_rewards(ctx.result(graph.VERIFY, step)), "logits": [], "reward_version": -1}
     ro = ctx.result(graph.ROLLOUT, step)
     by_id = prompts_by_id(ro)
     items = [ScoreItem(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
@@ -195,9 +200,15 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
     expect_before_update("policy", policy.info(), sampled, f"{ctx.run_id}/{step}", job)
-    reply = policy.train(ctx.run_id, step, completions_of(ro), sc["rewards"], ctx.config.policy.sampling.n)
+    rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
+    # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
+    # whose disagreement with the verifier is what tells the alarm when to clear.
+    if source == "reward_model" and "verifier_reward" in ctx.store.state().get(ALARM_ACTIVE_KEY, []):
+        rewards, source = verifier_rewards(ctx.result(graph.VERIFY, step)), "verifier"
+    reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
-    return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed}
+    return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
+            "reward_source": source}
 
 
 def negatives(ctx: StageContext, step: int) -> NegativesResult:

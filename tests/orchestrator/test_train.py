@@ -117,6 +117,31 @@ def test_static_mode_never_updates_the_reward_model(tmp_path):
     assert "RM bench acc" in result.stdout
 
 
+def test_an_acting_alarm_trains_the_policy_on_the_verifier_while_it_is_up(tmp_path):
+    # A trigger-happy alarm (a 2-step baseline, threshold 0: any evidence at all) raises within a few steps of a real
+    # static run; from then on policy_update trains on the verifier's reward while score still asks the reward model.
+    result = _cooper("train", "--no-progress", "run.mode=static", "run.steps=10", "run.name=a",
+                     f"run.output_dir={tmp_path}", "alarm.mode=act", "alarm.baseline_steps=2",
+                     "alarm.threshold=0", "alarm.drift=0.01", "alarm.clear_steps=100",
+                     "eval.every=0", "run.batch_size=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(tmp_path / "a")
+    events = [json.loads(line) for line in (tmp_path / "a" / "alarms.jsonl").read_text().splitlines()]
+    raised = events[0]["step"]
+    assert events[0]["event"] == "raised" and events[0]["actions"] == ["verifier_reward"]
+    assert events[0]["policy_version"] == raised + 1 and events[0]["reward_version"] == 0
+    assert [r["alarm/state"] for r in records[:2]] == ["baseline", "baseline"]
+    assert all(r["alarm/state"] == "alarm" for r in records[raised:])
+    # Before the raise the reward model's reward trained the policy; the driver logs a step after its update, so
+    # the fallback starts at most a couple of steps after the raise, and holds to the end.
+    sources = [r["reward_source"] for r in records]
+    assert sources[: raised + 1] == ["reward_model"] * (raised + 1)
+    assert "verifier" in sources and sources[-1] == "verifier"
+    first = sources.index("verifier")
+    assert first <= raised + 3 and set(sources[first:]) == {"verifier"}
+    assert "reward-hacking alarm raised" in result.stderr
+
+
 def test_rule_mode_never_calls_the_reward_service(tmp_path):
     # The reward service "lives" at a dead address: one call to it would fail the run.
     result = _cooper("train", "--no-progress", "run.mode=rule", "run.steps=2", "run.name=r",
