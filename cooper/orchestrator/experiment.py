@@ -119,9 +119,31 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
                         label=mode + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
                         linewidth=1.8)
+        if not key.startswith("test/"):  # where the reward-hacking alarm went up: a dotted line per raise
+            for mode, seeds in by_mode.items():
+                for step in (r["step"] for records in seeds for r in records if r.get("alarm/event") == "raised"):
+                    ax.axvline(step, color=COLORS.get(mode), linestyle=":", linewidth=1.0, alpha=0.7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         finish_panel(ax, title, fontsize=10)
     return save(fig, path)
+
+
+def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
+    """Per mode and seed: the reward-hacking alarm's raises, the first one's step, the steps the policy trained on
+    the verifier's reward instead (act mode), and the final test accuracy. Empty when no run was watched."""
+    rows = [["mode", "seed", "alarms", "first at", "steps on verifier", f"test end ({benchmark})"]]
+    for mode, by_seed in _as_seeds(runs).items():
+        for seed, records in zip(seeds, by_seed, strict=True):
+            if not any("alarm/state" in r for r in records):
+                continue
+            raises = [r["step"] for r in records if r.get("alarm/event") == "raised"]
+            acted = sum(r.get("reward_source") == "verifier" for r in records)
+            end = _last_value(records, f"test/{benchmark}") if benchmark else None
+            rows.append([mode, str(seed), str(len(raises)), str(raises[0]) if raises else "-", str(acted), _fmt(end)])
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows)
 
 
 def compare_table(runs: Runs) -> str:
@@ -321,6 +343,9 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     if curve:
         (out / "exploits.md").write_text(exploit_report(config, {mode: run_dirs[(mode, seeds[0])] for mode in modes}))
     summary = compare_table(runs)
+    alarms = alarm_table(runs, seeds, benchmark)
+    if alarms:
+        summary += f"\n\nreward-hacking alarm ({config.alarm.mode}):\n{alarms}"
     (out / "summary.txt").write_text(summary + "\n")
     print(f"\n{summary}\n\n{table}\n\nreproduced: {verdict['reproduced']}   "
           f"({verdict['seconds']:.0f} s)\ncomparison: {out}/compare.png, overoptimization.png, rm_health.png")

@@ -172,3 +172,18 @@ def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp
     assert AlarmWatch.for_run(_watch_config("rule", "act"), store, tmp_path) is None
     assert AlarmWatch.for_run(_watch_config("static", "off"), store, tmp_path) is None
     assert AlarmWatch.for_run(_watch_config("static", "act", steps=30), store, tmp_path) is None
+
+
+def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
+    from cooper.orchestrator.experiment import alarm_table
+
+    watched = [{"step": 0, "alarm/state": "baseline", "reward_source": "reward_model"},
+               {"step": 1, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "reward_model"},
+               {"step": 2, "alarm/state": "alarm", "reward_source": "verifier", "test/heldout": 0.5}]
+    quiet = [{"step": 0, "alarm/state": "clear", "reward_source": "reward_model", "test/heldout": 0.75}]
+    table = alarm_table({"static": [watched, quiet], "rule": [[{"step": 0}], [{"step": 0}]]}, [11, 12], "heldout")
+    lines = [line.split() for line in table.splitlines()]
+    assert lines[1] == ["static", "11", "1", "1", "1", "0.500"]
+    assert lines[2] == ["static", "12", "0", "-", "0", "0.750"]
+    assert len(lines) == 3  # rule mode is never watched: no row
+    assert alarm_table({"rule": [[{"step": 0}]]}, [1], "heldout") == ""
