@@ -1,15 +1,17 @@
 """How well the tiny VerifyRM's pretraining ranks the tiny policy's own samples, by budget and by kind of negative.
 
-    python bench/rm_pretraining.py [--problems 1500,3000] [--negatives last,carried] [--prompts 192] [--k 8]
+    python bench/rm_pretraining.py [--problems 1500,3000] [--negatives last,carried,mixed] [--epochs 15]
+                                   [--prompts 192] [--k 8]
 
 The samples: `--prompts` training prompts x `--k` completions of the SFT warm start (`tiny-sft`) at T = 1, labelled
 right or wrong by their boxed answer against the reference (the verifier's `answer: boxed` rule). For each budget
 and kind of negative, a fresh tiny VerifyRM is pretrained exactly as the preset's builder does
-(`cooper/tiny/warm_start.py`: a right and a wrong worked solution per problem, some answer-less texts, RM_EPOCHS at
-RM_LR), then scores every sample. Kinds of negative:
-- last: the builder's `wrong_solution`, the final number changed, which also breaks the last equation;
+(`warm_start.pretrained_rm`: a right and a wrong worked solution per problem, some answer-less texts, --epochs at
+RM_LR), then scores every sample. Kinds of negative (`warm_start.NEGATIVE_KINDS`):
+- last: `wrong_solution`, the final number changed, which also breaks the last equation;
 - carried: an error at a random step carried through every later step, so the solution is consistent and only a
-  comparison with the reference rejects it (what the policy's own mistakes look like).
+  comparison with the reference rejects it (what the policy's own mistakes look like);
+- mixed: either, evenly (the preset's builder, since v8).
 The baseline in the same run is chance (AUROC 0.5) and the samples' own accuracy (best-of-1). The last line is one
 JSON object: per (kind, budget) the AUROC, the best-of-k verifier accuracy, and the seconds of pretraining.
 """
@@ -18,32 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 
 import torch
 
-from cooper.config import DataConfig, OptimConfig
+from cooper.config import DataConfig
 from cooper.dataset_formats import last_boxed
-from cooper.services.reward.items import LabelledTriple, ScoreItem
-from cooper.services.reward.verify_rm import VerifyRM
+from cooper.services.reward.items import ScoreItem
 from cooper.tiny import warm_start
-from cooper.tiny.models import tiny_reward_model_dir
-from cooper.tiny.task import NEAR_MISSES, Problem, apply_step, make_split, steps, wrong_solution
-
-
-def carried_error_solution(problem: Problem, rng: random.Random) -> str:
-    """The worked solution with one step's result wrong and every later step computed from it."""
-    chain = steps(problem.key)
-    wrong_at, previous, parts = rng.randrange(len(chain)), None, []
-    for index, (op, a, b) in enumerate(chain):
-        a = a if previous is None else previous
-        value = apply_step(op, a, b)
-        if index == wrong_at:
-            value += rng.choice(NEAR_MISSES)
-        parts.append(f"{a} {op} {b} = {value}")
-        previous = value
-    return f"We compute {', then '.join(parts)}. The answer is \\boxed{{{previous}}}."
+from cooper.tiny.task import Problem, make_split
 
 
 def policy_samples(prompts: int, k: int) -> list[tuple[Problem, str, bool]]:
@@ -81,23 +66,12 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
 
 
-def pretrained_rm(problems: int, negatives: str) -> VerifyRM:
-    rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
-    rng, triples = random.Random(1), []
-    wrong = wrong_solution if negatives == "last" else carried_error_solution
-    for p in make_split(problems, 0, "rm"):
-        triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
-        triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), 0))
-        if rng.random() < warm_start.ANSWERLESS_SHARE:
-            triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
-    rm.pretrain(triples, epochs=warm_start.RM_EPOCHS, lr=warm_start.RM_LR, batch_size=32, seed=0)
-    return rm
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", default=str(warm_start.RM_PROBLEMS), help="comma-separated budgets")
-    parser.add_argument("--negatives", default="last,carried", help="comma-separated kinds: last, carried")
+    parser.add_argument("--negatives", default="last,carried,mixed",
+                        help="comma-separated kinds of warm_start.NEGATIVE_KINDS: last, carried, mixed")
+    parser.add_argument("--epochs", type=int, default=warm_start.RM_EPOCHS)
     parser.add_argument("--prompts", type=int, default=192)
     parser.add_argument("--k", type=int, default=8, help="samples per prompt (best-of-k)")
     args = parser.parse_args()
@@ -109,7 +83,7 @@ def main() -> None:
     for negatives in args.negatives.split(","):
         for problems in map(int, args.problems.split(",")):
             started = time.perf_counter()
-            rm = pretrained_rm(problems, negatives)
+            rm = warm_start.pretrained_rm(problems, negatives, args.epochs)
             seconds = time.perf_counter() - started
             scores = [s for s, _ in rm.score([ScoreItem(p.question, p.answer, text) for p, text, _ in samples])]
             groups = range(0, len(samples), args.k)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cooper.tiny.task import make_split, wrong_solution
 
-TINY_VERSION = "v7"  # bump when the builders or the prompt change, so caches are not reused (v7: two-step problems)
+TINY_VERSION = "v8"  # bump when a builder or the prompt changes, so caches are not reused (v8: RM negatives)
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

@@ -132,6 +132,21 @@ def wrong_solution(problem: Problem, rng: random.Random) -> str:
     return f"{head}= {wrong}. The answer is \\boxed{{{wrong}}}."
 
 
+def carried_error_solution(problem: Problem, rng: random.Random) -> str:
+    """The worked solution with one step's result wrong and every later step computed from it: a consistent
+    solution that only a comparison with the reference rejects (what a model's own mistakes look like)."""
+    chain = steps(problem.key)
+    wrong_at, previous, parts = rng.randrange(len(chain)), None, []
+    for index, (op, a, b) in enumerate(chain):
+        a = a if previous is None else previous
+        value = apply_step(op, a, b)
+        if index == wrong_at:
+            value += rng.choice(NEAR_MISSES)
+        parts.append(f"{a} {op} {b} = {value}")
+        previous = value
+    return f"We compute {', then '.join(parts)}. The answer is \\boxed{{{previous}}}."
+
+
 def bare_answer(problem: Problem, rng: random.Random, right_share: float) -> str:
     """An answer with no work shown, right with probability `right_share`, else a near miss."""
     answer = problem.answer if rng.random() < right_share else str(int(problem.answer) + rng.choice(NEAR_MISSES))

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
-from cooper.tiny.task import bare_answer, make_split, wrong_solution
+from cooper.tiny.task import bare_answer, carried_error_solution, make_split, wrong_solution
 
 # 2,000 steps: at 800 (v6's) the two-step worked solutions were right 24% of the time, at 2,000 83% (held-out) and
 # 87% (seen), so a held-out problem is solved about as well as a seen one (docs/experiments.md).
@@ -30,7 +31,7 @@ WRONG_SHARE = 0.0  # worked solutions with a wrong number (v5 used 0.25): none, 
 # 5 epochs gives AUROC 0.87 (best-of-n's verifier accuracy peaks at 0.64 and falls only to 0.58 by n = 32); 1500
 # gives 0.73 (peak 0.41 at n = 4, 0.29 at n = 32: Gao's overoptimisation curve without any training). Fewer than
 # about 1000 leaves it near chance. The RM's quality is this budget's doing, so it is one constant, written down.
-RM_PROBLEMS, RM_EPOCHS, RM_LR = 1500, 5, 1e-3
+RM_PROBLEMS, RM_EPOCHS, RM_LR, RM_NEGATIVES = 1500, 12, 1e-3, "mixed"
 ANSWERLESS_SHARE = 0.2
 def _prompt(question: str) -> str:
     from cooper.config import DataConfig
@@ -85,7 +86,16 @@ def _sft(out: Path, source: Path | None = None) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _pretrain_rm(out: Path) -> None:
+NEGATIVE_KINDS = {
+    "last": (wrong_solution,),  # the final number changed, which also breaks the last equation
+    "carried": (carried_error_solution,),  # a step's error carried through: only the reference rejects it
+    "mixed": (wrong_solution, carried_error_solution),  # each problem's negative of either kind, evenly
+}
+
+
+def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, epochs: int = RM_EPOCHS) -> Any:
+    """A fresh tiny VerifyRM after BCE pretraining: per problem its worked solution (label 1), one wrong solution
+    of the `negatives` kind (label 0) and, ANSWERLESS_SHARE of the time, an answer-less text (label 0)."""
     import torch
 
     from cooper.config import OptimConfig
@@ -93,14 +103,23 @@ def _pretrain_rm(out: Path) -> None:
 
     torch.set_num_threads(1)
     rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
-    rng = random.Random(1)
-    triples = []
-    for p in make_split(RM_PROBLEMS, 0, "rm"):
+    rng, kinds, triples = random.Random(1), NEGATIVE_KINDS[negatives], []
+    for p in make_split(problems, 0, "rm"):
+        wrong = kinds[0] if len(kinds) == 1 else rng.choice(kinds)
         triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
-        triples.append(LabelledTriple(p.question, p.answer, wrong_solution(p, rng), 0))
+        triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), 0))
         if rng.random() < ANSWERLESS_SHARE:
             triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
-    rm.pretrain(triples, epochs=RM_EPOCHS, lr=RM_LR, batch_size=32, seed=0)
+    # One epoch per AdamW, restarted each epoch (warm restarts). The reference check is learned suddenly, after a
+    # plateau at AUROC ~0.6: with restarts it came by epoch 10 (mixed negatives); one AdamW over all epochs was
+    # still on the plateau at epoch 26 (docs/experiments.md).
+    for epoch in range(epochs):
+        rm.pretrain(triples, epochs=1, lr=RM_LR, batch_size=32, seed=epoch + 1)
+    return rm
+
+
+def _pretrain_rm(out: Path) -> None:
+    rm = pretrained_rm()
     rm.model.save_pretrained(out, safe_serialization=True)
     rm.tokenizer.save_pretrained(out)
 
