@@ -35,7 +35,7 @@ SCRIPTS = [
                  {"bench", "inprocess", "services", "overhead"}, id="step"),
     pytest.param("experiment.py", ["--smoke", "--seeds", "0", "--parallel", "2"],
                  {"seeds", "benchmark", "runs", "across_seeds", "failed_criteria", "reproduced"}, id="experiment"),
-    pytest.param("rm_pretraining.py", ["--problems", "20", "--prompts", "4", "--k", "2"],
+    pytest.param("rm_pretraining.py", ["--problems", "20", "--epochs", "1", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "runs"}, id="rm_pretraining"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
                                 "--rounds", "1"], {"bench", "tokens_per_s", "ratio"},
