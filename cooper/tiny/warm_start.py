@@ -6,11 +6,11 @@
 model computes much better when it writes the operation out first, so the SFT policy is a mix of a reliable
 behaviour and an unreliable one: RL with a true reward has a behaviour to learn that carries across problems
 (measured on v7: sampled accuracy 0.83-0.87 when it shows work, 0.14-0.16 on bare answers).
-`tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions: worked solutions, right and
-with a wrong number, and a fixed answer-less text. It is a narrow and small labelled set, the stand-in for the
-paper's hybrid-annotated pretraining: it never shows a bare answer, and RM_PROBLEMS is small enough that the RM
-learns answer priors beside the reference check (Gao et al. 2022: proxies trained on few labels are exploitable).
-docs/experiments.md measures what that RM gets wrong, and what a policy trained against it learns to write.
+`tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions: worked solutions, right, and
+wrong in one of two ways (the last number changed, or one step's error carried through a consistent solution), and a
+fixed answer-less text. It learns the reference check on worked solutions (v8: AUROC 0.997 on the SFT policy's own
+worked solutions) and never sees a bare answer, on which it is at chance (0.51): a reference-based verifier that is
+strong on the format it was trained on and blind on another, like real ones (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from cooper.tiny.task import bare_answer, carried_error_solution, make_split, wr
 SFT_STEPS, SFT_BATCH, SFT_LR = 2000, 32, 3e-3
 BARE_SHARE, BARE_RIGHT = 0.5, 0.3
 WRONG_SHARE = 0.0  # worked solutions with a wrong number (v5 used 0.25): none, their errors are the model's own
-# RM pretraining budget. Measured against 1,536 samples of the SFT policy labelled by the verifier: 3000 problems x
-# 5 epochs gives AUROC 0.87 (best-of-n's verifier accuracy peaks at 0.64 and falls only to 0.58 by n = 32); 1500
-# gives 0.73 (peak 0.41 at n = 4, 0.29 at n = 32: Gao's overoptimisation curve without any training). Fewer than
-# about 1000 leaves it near chance. The RM's quality is this budget's doing, so it is one constant, written down.
+# RM pretraining. v7's RM (5 epochs, last-number negatives only) checked the last equation, not the answer against
+# the reference: AUROC 0.77 on the SFT policy's samples (measured on v7), and consistent wrong chains went through.
+# With carried-error negatives too and 12 epochs it learns the comparison (a sudden jump after a plateau near 0.6,
+# measured with bench/rm_pretraining.py; docs/experiments.md).
 RM_PROBLEMS, RM_EPOCHS, RM_LR, RM_NEGATIVES = 1500, 12, 1e-3, "mixed"
 ANSWERLESS_SHARE = 0.2
 def _prompt(question: str) -> str:
