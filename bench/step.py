@@ -84,7 +84,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.trainer import RolloutSample
     from cooper.services.reward import checkpoint as rm_checkpoint
-    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, sigmoid
+    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, logit_to_reward
     from cooper.services.verifier.pool import WARM_UP
     from cooper.services.verifier.rules import ReferenceCache, Verdict, check
     from cooper.tiny.models import resolve_model
@@ -141,7 +141,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
             size = rcfg.batching.max_batch_size  # the batcher cuts batches of at most this many items
             for k in range(0, len(tokens), size):
                 logits += rm.logits(tokens[k : k + size], batch_size=len(tokens[k : k + size]))
-            rewards = [(1.0 if sigmoid(x) > 0.5 else 0.0) if rcfg.discrete else sigmoid(x) for x in logits]
+            rewards = [logit_to_reward(x, rcfg.discrete) for x in logits]
         times["score"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -19,7 +19,7 @@ from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLa
 from cooper.services.reward.items import ScoreItem, ScoreResult
 from cooper.services.reward.runner import ModelUnavailable
 from cooper.services.reward.service import ReplicaStale, RewardService
-from cooper.services.reward.verify_rm import parse_input, sigmoid
+from cooper.services.reward.verify_rm import logit_to_reward, parse_input
 
 
 class ApiError(Exception):
@@ -105,7 +105,7 @@ class RewardHttpHandler:
                      for i, (query, prompt, label) in enumerate(zip(request.query, prompts, request.labels,
                                                                     strict=True))]
         result = await self._score(items)
-        probabilities = [sigmoid(x) for x in result.logits]
+        probabilities = [logit_to_reward(x) for x in result.logits]
         return protocol.OpenRLHFResponse(
             rewards=result.scores, scores=probabilities, version=result.version,
             extra_logs={"reward_version": [float(result.version)] * len(items)},
@@ -156,7 +156,7 @@ class RewardHttpHandler:
         flags = [request.use_activation, request.activation, request.softmax]
         activation = next((flag for flag in flags if flag is not None), True)
         data = [protocol.ClassificationData(index=index, label="correct" if logit > 0 else "incorrect",
-                                            probs=[sigmoid(logit) if activation else logit], num_classes=1)
+                                            probs=[logit_to_reward(logit) if activation else logit], num_classes=1)
                 for index, logit in enumerate(result.logits)]
         return protocol.ClassificationResponse(
             id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=self.service.info().model, data=data,

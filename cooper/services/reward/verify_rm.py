@@ -99,11 +99,18 @@ def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     return batches
 
 
-def sigmoid(logit: float) -> float:
-    if logit >= 0:
-        return 1.0 / (1.0 + math.exp(-logit))
-    z = math.exp(logit)
-    return z / (1.0 + z)
+def logit_to_reward(logit: float, discrete: bool = False) -> float:
+    """The one rule from a VerifyRM logit to a reward (docs/design.md section 2.1): sigmoid(logit), the model's
+    probability that the completion is correct, or with `discrete` (reward.discrete) 1.0 when that probability is
+    above 0.5, else 0.0. Every place that shows a probability or a reward calls this, so they cannot drift apart."""
+    if logit >= 0:  # two branches, so that exp never overflows
+        probability = 1.0 / (1.0 + math.exp(-logit))
+    else:
+        z = math.exp(logit)
+        probability = z / (1.0 + z)
+    if discrete:
+        return 1.0 if probability > 0.5 else 0.0
+    return probability
 
 
 class Encoder:
@@ -254,7 +261,7 @@ class VerifyRM:
 
     def score(self, items: Sequence[ScoreItem], batch_size: int = 64) -> list[tuple[float, float]]:
         """(sigmoid(logit), logit) per item, in order."""
-        return [(sigmoid(x), x) for x in self.logits(self.encode(items), batch_size)]
+        return [(logit_to_reward(x), x) for x in self.logits(self.encode(items), batch_size)]
 
     # ----- training -----
 
