@@ -243,11 +243,11 @@ class RecordingTransport:
 
 
 def test_a_response_head_and_body_go_out_in_one_write() -> None:
-    from cooper.services.reward.http import _CoalescingTransport
+    from cooper.services.reward.http import CoalescingTransport
 
     async def respond() -> RecordingTransport:
         inner = RecordingTransport()
-        transport = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
         transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
         transport.write(b"{}")
         assert inner.calls == []  # not yet: at the end of this loop iteration

@@ -15,10 +15,9 @@ import prometheus_client
 
 from cooper.config import HttpConfig
 from cooper.services.reward import protocol
-from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.errors import REFUSED, refusal, retry_after_s
 from cooper.services.reward.items import ScoreItem, ScoreResult
-from cooper.services.reward.runner import ModelUnavailable
-from cooper.services.reward.service import ReplicaStale, RewardService
+from cooper.services.reward.service import RewardService
 from cooper.services.reward.verify_rm import logit_to_reward, parse_input
 
 
@@ -69,16 +68,9 @@ class RewardHttpHandler:
         try:
             self.service.check_fresh()
             return await self.service.score(items)
-        except ReplicaStale as err:
-            raise ApiError(503, "stale", str(err), err.retry_after_s) from None
-        except QueueFull as err:
-            raise ApiError(503, "overloaded", f"{err}; retry after {err.retry_after_s} s", err.retry_after_s) from None
-        except QueueTimeout as err:
-            raise ApiError(503, "overloaded", str(err), retry_after_s=1) from None
-        except RequestTooLarge as err:
-            raise ApiError(413, "too_large", str(err)) from None
-        except ModelUnavailable as err:
-            raise ApiError(503, "model_unavailable", str(err)) from None
+        except REFUSED as err:
+            row = refusal(err)
+            raise ApiError(row.http_status, row.http_type, str(err), retry_after_s(err)) from None
 
     async def score(self, request: protocol.ScoreRequest) -> protocol.ScoreResponse:
         self._check_limits([(i.question, i.reference, i.completion) for i in request.items])
