@@ -78,6 +78,7 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, save_every:
 def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.data import StepData, load_data, prompt_text
     from cooper.orchestrator.stages import step_seed
+    from cooper.runtime.models import resolve_model
     from cooper.services.generator.negatives import Check as NegCheck
     from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
@@ -87,7 +88,6 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, logit_to_reward
     from cooper.services.verifier.pool import WARM_UP
     from cooper.services.verifier.rules import ReferenceCache, Verdict, check
-    from cooper.tiny.models import resolve_model
 
     mode, vcfg, rcfg, sampling_cfg = config.run.mode, config.verifier, config.reward, config.policy.sampling
     rows, _ = load_data(config)

@@ -222,8 +222,8 @@ def score_with_reward_model(config: Any, items: Sequence[BenchItem]) -> tuple[li
         return list(result.scores), result.version
     import torch
 
+    from cooper.runtime.models import resolve_model
     from cooper.services.reward.verify_rm import VerifyRM, logit_to_reward
-    from cooper.tiny.models import resolve_model
 
     if reward.torch_threads:
         torch.set_num_threads(reward.torch_threads)

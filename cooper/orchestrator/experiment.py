@@ -260,7 +260,7 @@ def provenance(config: CooperConfig) -> dict[str, Any]:
 
     import torch
 
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     def digest(model: str, kind: str) -> str:
         weights = sorted(Path(resolve_model(model, kind)).glob("*.safetensors"))

@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from cooper.config import PolicyConfig
 from cooper.runtime.devices import resolve_device
 from cooper.runtime.journal import UpdateJournal
+from cooper.runtime.models import resolve_model
 from cooper.services.policy.checkpoint import (
     BackgroundSave,
     checkpoint_name,
@@ -45,7 +46,6 @@ from cooper.services.policy.checkpoint import (
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors
-from cooper.tiny.models import resolve_model
 
 JOURNAL_DIR = "journal"
 """The update journal's directory inside policy.checkpoint_dir."""

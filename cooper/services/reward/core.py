@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from cooper.config import RewardConfig
+from cooper.runtime.models import resolve_model
 from cooper.services.reward import checkpoint
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 from cooper.services.reward.verify_rm import VerifyRM
@@ -73,8 +74,6 @@ class RewardCore:
         """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0. A replica
         leaves the directory alone (no clean-up of the trainer's partial saves), skips the optimizer state, and
         falls back to an older checkpoint when the newest does not load (the trainer may delete it meanwhile)."""
-        from cooper.tiny.models import resolve_model
-
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         replica = config.role == "replica"
