@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
+from cooper.runtime.checkpoint import BackgroundSave, save_checkpoint, snapshot_state
 from cooper.runtime.journal import UpdateJournal
 from cooper.runtime.models import resolve_model
-from cooper.services.policy.checkpoint import BackgroundSave, save_checkpoint, snapshot_state
 from cooper.services.policy.core import journal_record
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample

@@ -227,7 +227,7 @@ def exploit_report(config: CooperConfig, final_runs: Mapping[str, Path], samples
     """What each mode's final policy writes, judged by the initial VerifyRM and the verifier: the samples of the
     trained policy that the initial RM scores highest although the verifier says they are wrong (the exploit)."""
     from cooper.orchestrator.best_of_n import sample_and_judge, top_scored_wrong
-    from cooper.services.policy.checkpoint import latest_checkpoint
+    from cooper.runtime.checkpoint import latest_checkpoint
 
     lines = ["# What the trained policies write, judged by the initial VerifyRM", "",
              f"{samples} samples per problem on {max_problems} test problems from each mode's final policy (first "

@@ -30,10 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cooper.config import PolicyConfig
-from cooper.runtime.devices import resolve_device
-from cooper.runtime.journal import UpdateJournal
-from cooper.runtime.models import resolve_model
-from cooper.services.policy.checkpoint import (
+from cooper.runtime.checkpoint import (
     BackgroundSave,
     checkpoint_name,
     latest_checkpoint,
@@ -43,6 +40,9 @@ from cooper.services.policy.checkpoint import (
     save_checkpoint,
     snapshot_state,
 )
+from cooper.runtime.devices import resolve_device
+from cooper.runtime.journal import UpdateJournal
+from cooper.runtime.models import resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors

@@ -37,7 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from cooper.config import PolicyConfig
-from cooper.services.policy.checkpoint import OPTIMIZER_FILE
+from cooper.runtime.checkpoint import OPTIMIZER_FILE
 from cooper.services.policy.core import RankFailure, load_causal_lm, resolve_autocast
 from cooper.services.policy.grpo import LossSettings, group_advantages
 from cooper.services.policy.sharded import RankTrainer, metrics_from_sums, shard_model, split_batch

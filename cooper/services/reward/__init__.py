@@ -13,6 +13,6 @@ Where things are, from the outside in:
 - `core.py`: RewardCore, the model's state: versions, idempotency keys, replay, checkpoints.
 - `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update, `logit_to_reward`
   (the one rule from a logit to a reward).
-- `checkpoint.py`: the directory of checkpoints; `replica.py`: a read replica following the trainer's checkpoints.
+- `replica.py`: a read replica, following the trainer's checkpoints (cooper/runtime/checkpoint.py, REWARD).
 - `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client.
 """
