@@ -3,7 +3,8 @@
 A name is a Hub id or a local directory, used as given, unless a preset registered it: then it names a model that
 the preset builds on this machine on first use and caches (`build_once`). The tiny preset (cooper/tiny/) registers
 its names ("tiny", "tiny-sft", "tiny-rm", ...) when `cooper` is imported, so a service resolves them without
-importing the preset itself. No torch here: the CLI and the orchestrator resolve names before any model loads.
+importing the preset itself. Torch and transformers are imported only by the loaders (load_causal_lm): the CLI
+and the orchestrator resolve names before any model loads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 ModelBuilder = Callable[[str], Path]
 """Builds (or finds cached) the model of one registered name for a kind ("causal" or "reward"): its directory."""
@@ -62,3 +67,18 @@ def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
+    """A causal LM from a directory or Hub id, in `dtype` on `device`, in eval mode; an error that says what to set
+    when it does not load."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as err:
+        raise RuntimeError(
+            f"cannot load a causal LM from {path!r} ({err}); set policy.model to a local model directory, a "
+            "Hub id available offline, or 'tiny'"
+        ) from err
+    return model.to(device).eval()

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import (
@@ -40,9 +40,9 @@ from cooper.runtime.checkpoint import (
     save_checkpoint,
     snapshot_state,
 )
-from cooper.runtime.devices import resolve_device
+from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.journal import UpdateJournal
-from cooper.runtime.models import resolve_model
+from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors
@@ -69,24 +69,6 @@ class TrainResult:
     metrics: dict[str, float]
     version: int
     replayed: bool
-
-
-def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
-    """None = plain float32; else the autocast dtype (weights stay float32, see config.PolicyConfig.dtype)."""
-    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
-
-
-def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
-    try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as err:
-        raise RuntimeError(
-            f"cannot load a causal LM from {path!r} ({err}); set policy.model to a local model directory, a "
-            "Hub id available offline, or 'tiny'"
-        ) from err
-    return model.to(device).eval()
 
 
 def resolve_world_size(world_size: int | str, device: torch.device) -> int:

@@ -38,7 +38,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import OPTIMIZER_FILE
-from cooper.services.policy.core import RankFailure, load_causal_lm, resolve_autocast
+from cooper.runtime.devices import rank_device, resolve_autocast
+from cooper.runtime.models import load_causal_lm
+from cooper.services.policy.core import RankFailure
 from cooper.services.policy.grpo import LossSettings, group_advantages
 from cooper.services.policy.sharded import RankTrainer, metrics_from_sums, shard_model, split_batch
 from cooper.services.policy.trainer import RolloutSample
@@ -57,11 +59,6 @@ class RankSpec:
     checkpoint: str | None  # where the optimizer state comes from; None = fresh
     pad_id: int
     store_port: int = 0
-
-
-def rank_device(cfg: PolicyConfig, rank: int) -> torch.device:
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
 def _load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
@@ -121,7 +118,7 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
     try:
         if spec.cfg.torch_threads:
             torch.set_num_threads(spec.cfg.torch_threads)
-        device = rank_device(spec.cfg, rank)
+        device = rank_device(spec.cfg.device, rank, "policy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         models = _load_models(spec, device)
@@ -189,7 +186,7 @@ class RankGroup:
                 process.start()
                 child.close()
                 self.workers.append((rank, process, parent))
-            device = rank_device(self.cfg, 0)
+            device = rank_device(self.cfg.device, 0, "policy.device")
             models = _load_models(spec, device)
             self._collect("loaded", "start")  # a rank that fails to load fails the start here, before any collective
             self.local = self._on_rank0(_join, spec, 0, store, device, models)

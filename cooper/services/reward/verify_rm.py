@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cooper.config import OptimConfig
-from cooper.runtime.devices import resolve_device, resolve_dtype
+from cooper.runtime.devices import resolve_autocast, resolve_device, resolve_dtype
 from cooper.services.reward.items import LabelledTriple, PreferencePair, ScoreItem, UpdateStats
 
 HEAD_CHARS = 500
@@ -204,8 +204,7 @@ class VerifyRM:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         target = resolve_device(device, "reward.device")
-        compute = resolve_dtype(dtype, target)
-        master = torch.float32 if trains else compute
+        master = torch.float32 if trains else resolve_dtype(dtype, target)
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForSequenceClassification.from_pretrained(source, dtype=master)
         if model.config.num_labels != 1:
@@ -213,7 +212,7 @@ class VerifyRM:
                 f"reward model {source!r} has {model.config.num_labels} outputs; VerifyRM needs a "
                 "sequence-classification model with num_labels=1"
             )
-        autocast = compute if compute != master else None
+        autocast = resolve_autocast(dtype, target) if trains else None
         return cls(model.to(target), tokenizer, optim, max_length, source, autocast)
 
     @property
