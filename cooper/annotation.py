@@ -227,10 +227,8 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     from cooper.config import with_overrides
     from cooper.orchestrator.launch import write_configs
     from cooper.orchestrator.local import LocalServices
-    from cooper.protos.generator.v1 import generator_pb2
-    from cooper.protos.verifier.v1 import verifier_pb2
-    from cooper.services.generator.client import GeneratorClient
-    from cooper.services.verifier.client import VerifierClient
+    from cooper.services.generator.client import GeneratorClient, JudgeItem, Judgment
+    from cooper.services.verifier.client import Verdict, VerifierClient
 
     triples = read_triples(input_path)
     names = ("verifier", "generator")
@@ -245,12 +243,12 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
 
         def verify(chunk: Sequence[ScoreItem]) -> list[str]:
             results = verifier.verify_pairs([(t.completion, t.reference) for t in chunk])
-            return [verifier_pb2.Verdict.Name(r.verdict) for r in results]
+            return [Verdict.Name(r.verdict) for r in results]
 
         def judge(chunk: Sequence[ScoreItem]) -> list[str]:
-            items = [generator_pb2.JudgeItem(question=t.question, reference=t.reference, completion=t.completion)
+            items = [JudgeItem(question=t.question, reference=t.reference, completion=t.completion)
                      for t in chunk]
-            return [generator_pb2.Judgment.Name(r.verdict) for r in generator.judge(items)]
+            return [Judgment.Name(r.verdict) for r in generator.judge(items)]
 
         kept, stats = annotate(triples, verify, judge, chunk_size, bar.update)
     write_annotated(output_path, kept)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.generator.v1 import generator_pb2, generator_pb2_grpc
 from cooper.runtime.client import ServiceClient
+from cooper.services.generator.judge import Judgment as Judgment  # the verdicts of JudgeResults, for callers
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
 
@@ -14,7 +15,6 @@ NegativeItem = generator_pb2.NegativeItem
 NegativeResult = generator_pb2.NegativeResult
 JudgeItem = generator_pb2.JudgeItem
 JudgeResult = generator_pb2.JudgeResult
-Judgment = generator_pb2.Judgment
 
 
 class GeneratorClient(ServiceClient):

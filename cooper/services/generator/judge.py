@@ -9,11 +9,11 @@ annotator drops those triples.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cooper.protos.wire_enum import WireEnum
 from cooper.services.generator.assistant import Assistant, ChatRequest
 
 JUDGE_PROMPT = """You check whether a solution's final result agrees with a reference answer.
@@ -41,12 +41,12 @@ _VERDICT = re.compile(
 )
 
 
-class Judgment(enum.Enum):
-    """Names equal the proto enum cooper.generator.v1.Judgment."""
+class Judgment(WireEnum):
+    """cooper.generator.v1.Judgment: a Judgment is sent as it is, and a received number compares equal to one."""
 
-    YES = "YES"
-    NO = "NO"
-    UNKNOWN = "UNKNOWN"
+    YES = 1
+    NO = 2
+    UNKNOWN = 3
 
 
 @dataclass(frozen=True)

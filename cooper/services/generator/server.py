@@ -14,7 +14,6 @@ import grpc
 
 from cooper.config import ConfigError, CooperConfig, GeneratorConfig
 from cooper.protos.generator.v1 import generator_pb2, generator_pb2_grpc
-from cooper.protos.verifier.v1 import verifier_pb2
 from cooper.runtime.client import ServiceUnavailable
 from cooper.runtime.server import GrpcService
 from cooper.services.generator.assistant import Assistant, AssistantError, build_assistant
@@ -28,6 +27,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
 )
 from cooper.services.verifier.client import VerifierClient
+from cooper.services.verifier.verdict import Verdict
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
 log = logging.getLogger("cooper.generator")
@@ -41,7 +41,7 @@ class RemoteVerifier:
 
     async def __call__(self, pairs: list[tuple[str, str]]) -> list[Check]:
         results = await asyncio.to_thread(self.client.verify_pairs, pairs)
-        return [Check(verifier_pb2.Verdict.Name(r.verdict), r.extracted, r.detail) for r in results]
+        return [Check(Verdict.Name(r.verdict), r.extracted, r.detail) for r in results]
 
 
 class LazyAssistant:
@@ -102,7 +102,7 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         except AssistantError as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         return generator_pb2.JudgeResponse(
-            results=[generator_pb2.JudgeResult(verdict=generator_pb2.Judgment.Value(v.name), raw=raw)
+            results=[generator_pb2.JudgeResult(verdict=v, raw=raw)
                      for v, raw in verdicts]
         )
 

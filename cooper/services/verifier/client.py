@@ -8,8 +8,8 @@ from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.verifier.v1 import verifier_pb2, verifier_pb2_grpc
 from cooper.runtime.client import ServiceClient
 from cooper.services.verifier.server import SERVICE_NAME
+from cooper.services.verifier.verdict import Verdict as Verdict  # the verdicts of results, for callers
 
-Verdict = verifier_pb2.Verdict
 VerifyItem = verifier_pb2.VerifyItem
 VerifyResult = verifier_pb2.VerifyResult
 

@@ -9,40 +9,20 @@ workers from outside.
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
 import signal
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from math_verify import parse, verify
 
 from cooper.boxed import last_boxed
+from cooper.services.verifier.verdict import Check, Verdict
 
 # math-verify warns once that its timeouts are off; ours replace them.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-
-class Verdict(enum.IntEnum):
-    """Values equal the proto enum cooper.verifier.v1.Verdict."""
-
-    CORRECT = 1
-    INCORRECT = 2
-    NO_ANSWER = 3
-    TIMEOUT = 4
-    ERROR = 5
-
-
-@dataclass(frozen=True)
-class Check:
-    verdict: Verdict
-    extracted: str = ""
-    """The raw answer text found in the completion (never a printed sympy object: str() of one can hang)."""
-    ms: float = 0.0
-    detail: str = ""
 
 
 class _ItemTimeout(BaseException):
