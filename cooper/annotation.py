@@ -227,8 +227,10 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     from cooper.config import with_overrides
     from cooper.orchestrator.launch import write_configs
     from cooper.orchestrator.local import LocalServices
-    from cooper.services.generator.client import GeneratorClient, JudgeItem, Judgment
-    from cooper.services.verifier.client import Verdict, VerifierClient
+    from cooper.services.generator.client import GeneratorClient
+    from cooper.services.generator.messages import JudgeItem, Judgment
+    from cooper.services.verifier.client import VerifierClient
+    from cooper.services.verifier.messages import Verdict
 
     triples = read_triples(input_path)
     names = ("verifier", "generator")
@@ -246,8 +248,7 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
             return [Verdict.Name(r.verdict) for r in results]
 
         def judge(chunk: Sequence[ScoreItem]) -> list[str]:
-            items = [JudgeItem(question=t.question, reference=t.reference, completion=t.completion)
-                     for t in chunk]
+            items = [JudgeItem(question=t.question, reference=t.reference, completion=t.completion) for t in chunk]
             return [Judgment.Name(r.verdict) for r in generator.judge(items)]
 
         kept, stats = annotate(triples, verify, judge, chunk_size, bar.update)

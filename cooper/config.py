@@ -621,6 +621,33 @@ class RunConfig(StrictModel):
     policy exploits costs the run."""
 
 
+class AlarmConfig(StrictModel):
+    """The reward-hacking alarm (cooper/evaluation/alarm.py): a sequential test, every step, on how VerifyRM and the
+    verifier disagree about the same rollouts. Off in rule mode, where no reward model runs. It never changes the
+    reward itself while quiet (a reward that included the alarm would teach the policy to hide the hack)."""
+
+    mode: Literal["off", "warn", "act"] = "warn"
+    """off; warn: every raise and clear is logged (alarms.jsonl, the log, metrics.jsonl's alarm/* keys, the plot);
+    act: the same, and `actions` are taken while the alarm is up."""
+    actions: list[Literal["verifier_reward"]] = Field(default_factory=lambda: ["verifier_reward"])
+    """In act mode, in this order. verifier_reward: the policy is trained on the verifier's 1/0 reward (rule mode's)
+    until the alarm clears."""
+    baseline_steps: int = Field(default=30, ge=2)
+    """Steps whose signals fit the baseline; the alarm cannot raise before."""
+    false_alarm_rate: float = Field(default=0.1, gt=0, lt=1)
+    """Chance of a false alarm over a whole run of run.steps whose reward model is not being exploited (calibrated
+    on simulated runs; sets the threshold)."""
+    drift: float = Field(default=0.5, gt=0)
+    """CUSUM allowance k: the excess, in baseline spreads, a step must show to count as evidence."""
+    clear_steps: int = Field(default=10, ge=1)
+    """The alarm clears once every signal's mean excess over this many steps is back under `drift`."""
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _off_is_not_false(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` as false
+
+
 class CooperConfig(StrictModel):
     """Everything a Cooper run or service needs."""
 
@@ -642,6 +669,8 @@ class CooperConfig(StrictModel):
     """Generator service."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Token and TLS of every gRPC server and client."""
+    alarm: AlarmConfig = Field(default_factory=AlarmConfig)
+    """The reward-hacking alarm."""
 
     @model_validator(mode="after")
     def _vllm_accepts_every_sampling(self) -> CooperConfig:

@@ -2,8 +2,8 @@
 
 from cooper.protos.generator.v1 import generator_pb2
 from cooper.protos.verifier.v1 import verifier_pb2
-from cooper.services.generator.judge import Judgment
-from cooper.services.verifier.verdict import Verdict
+from cooper.services.generator.messages import Judgment
+from cooper.services.verifier.messages import Verdict
 
 
 def test_wire_enums_equal_their_proto_enums():

@@ -21,8 +21,8 @@ from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
 from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
 from cooper.orchestrator.outputs import plot, read_metrics, summary_table
-from cooper.orchestrator.queue import RunStore
 from cooper.orchestrator.run import Orchestrator, RunFailed
+from cooper.orchestrator.run_store import RunStore
 
 log = logging.getLogger("cooper.orchestrator")
 

@@ -23,10 +23,20 @@ from cooper.config import CooperConfig
 from cooper.evaluation.monitor import auroc, false_positive_rate
 from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.orchestrator import graph as g
+from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog, trim_metrics
-from cooper.orchestrator.queue import JobStatus, RunStore
+from cooper.orchestrator.run_store import JobStatus, RunStore
+from cooper.orchestrator.stage_results import (
+    EvaluationResult,
+    NegativesResult,
+    PolicyUpdateResult,
+    RewardUpdateResult,
+    RolloutResult,
+    ScoreResult,
+    VerificationResult,
+)
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
@@ -44,9 +54,13 @@ def _mean(values: list[float]) -> float | None:
 
 
 def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any]:
-    """The reward-hacking monitor and the training numbers of one finished step."""
+    """The reward-hacking monitor and the training numbers of one finished step, from its jobs' results
+    (`stage_results`)."""
     results = {stage: ctx.result(stage, step) for stage in graph.stages(step)}  # one Redis read per job
-    ro, ve, sc, pu = (results[s] for s in (g.ROLLOUT, g.VERIFY, g.SCORE, g.POLICY_UPDATE))
+    ro: RolloutResult = results[g.ROLLOUT]
+    ve: VerificationResult = results[g.VERIFY]
+    sc: ScoreResult = results[g.SCORE]
+    pu: PolicyUpdateResult = results[g.POLICY_UPDATE]
     correct = [v == "CORRECT" for v in ve["verdicts"]]
     rewards = sc["rewards"]
     record: dict[str, Any] = {
@@ -78,7 +92,8 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
         record["kl_from_initial"] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
     if graph.mode == "cooper":
-        ng, ru = results[g.NEGATIVES], results[g.REWARD_UPDATE]
+        ng: NegativesResult = results[g.NEGATIVES]
+        ru: RewardUpdateResult = results[g.REWARD_UPDATE]
         record.update({
             "pairs": ru["pairs"], "valid_pair_rate": ru["pairs"] / max(1, ng["prompts"]),
             "positive_rate": ng["positives"] / max(1, ng["prompts"]),
@@ -88,12 +103,13 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
             "reward_version": ru["reward_version"],
         })
     if graph.evaluates_after(step):
-        for name, accuracy in results[g.EVALUATE]["accuracy"].items():
+        evaluation: EvaluationResult = results[g.EVALUATE]
+        for name, accuracy in evaluation["accuracy"].items():
             record[f"test/{name}"] = accuracy
-        for key, value in results[g.EVALUATE].get("rm_bench", {}).items():
+        for key, value in evaluation.get("rm_bench", {}).items():
             record[f"rm_bench/{key}"] = value
     if step == 0 and graph.evaluates_after(-1):  # the initial policy's evaluation, before any update
-        initial = ctx.result(g.EVALUATE, -1)
+        initial: EvaluationResult = ctx.result(g.EVALUATE, -1)
         for name, accuracy in initial["accuracy"].items():
             record[f"test_initial/{name}"] = accuracy
         for key, value in initial.get("rm_bench", {}).items():
@@ -187,6 +203,7 @@ class Orchestrator:
         bar = tqdm(total=steps, initial=next_step, disable=not progress, unit="step", dynamic_ncols=True,
                    desc=f"{self.config.run.mode} {self.run_id}")
         last_test: dict[str, float] = {}
+        watch = AlarmWatch.for_run(self.config, self.store, self.run_dir)
         try:
             while next_step < steps:
                 error = self.store.state().get("error")
@@ -196,6 +213,8 @@ class Orchestrator:
                     time.sleep(0.02)
                     continue
                 record = step_record(self.ctx, self.graph, next_step)
+                if watch:
+                    record.update(watch.observe(record))
                 metrics.write(record)
                 records.append(record)
                 self.store.set_state(logged_through=next_step, policy_version=record["policy_version"],

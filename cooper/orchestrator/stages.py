@@ -1,7 +1,7 @@
 """The stage jobs: plain functions `stage(ctx, step) -> result dict`, keyed by name in STAGES.
 
-Each reads its inputs from the results of the jobs it depends on, calls services through their clients, and
-returns a JSON-able result that the worker records in Redis. Re-running a job is harmless: Generate is seeded
+Each reads its inputs from the results of the jobs it depends on, calls services through their clients (which speak
+plain dataclasses), and returns a JSON-able result (its type in `stage_results`) that the worker records in Redis. Re-running a job is harmless: Generate is seeded
 by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure reads.
 
 Every job that touches a model checks that the model is at the version the run recorded (`expect_version`): a
@@ -21,8 +21,34 @@ from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
 from cooper.orchestrator.data import Example, StepData, prompt_text
-from cooper.orchestrator.queue import RunStore
-from cooper.protos.policy.v1 import policy_pb2
+from cooper.orchestrator.run_store import RunStore
+from cooper.orchestrator.stage_results import (
+    CompletionRecord,
+    EvaluationResult,
+    NegativesResult,
+    PairRecord,
+    PolicyUpdateResult,
+    PromptRecord,
+    RewardUpdateResult,
+    RmBenchResult,
+    RolloutResult,
+    ScoreResult,
+    StageResult,
+    VerificationResult,
+)
+from cooper.runtime.client import ServiceClient
+from cooper.services.generator.client import GeneratorClient
+from cooper.services.generator.messages import NegativeItem
+from cooper.services.policy.client import PolicyClient
+from cooper.services.policy.messages import Completion
+from cooper.services.reward.client import RewardClient
+from cooper.services.reward.items import PreferencePair, ScoreItem
+from cooper.services.verifier.client import VerifierClient
+from cooper.services.verifier.messages import Verdict, VerifyItem
+
+CLIENTS: dict[str, type[ServiceClient]] = {"policy": PolicyClient, "reward": RewardClient,
+                                           "verifier": VerifierClient, "generator": GeneratorClient}
+"""The client of each service a stage calls, by the service's name (its config section)."""
 
 
 def step_seed(seed: int, step: int, purpose: str) -> int:
@@ -52,18 +78,11 @@ class StageContext:
             if name not in self.addresses:
                 raise RuntimeError(f"stage needs the {name} service, but no address is configured for it")
             server_config = getattr(self.config, name).server
-            if name == "policy":
-                from cooper.services.policy.client import PolicyClient as cls
-            elif name == "reward":
-                from cooper.services.reward.client import RewardClient as cls  # type: ignore[assignment]
-            elif name == "verifier":
-                from cooper.services.verifier.client import VerifierClient as cls  # type: ignore[assignment]
-            else:
-                from cooper.services.generator.client import GeneratorClient as cls  # type: ignore[assignment]
-            self._clients[name] = cls(self.addresses[name], server_config, self.config.security)
+            self._clients[name] = CLIENTS[name](self.addresses[name], server_config, self.config.security)
         return self._clients[name]
 
-    def result(self, stage: str, step: int) -> dict[str, Any]:
+    def result(self, stage: str, step: int) -> Any:
+        """The recorded result of job stage:step (a `stage_results` type, by `stage`)."""
         return self.store.result(graph.Job(step, stage).id)
 
     def close(self) -> None:
@@ -73,18 +92,17 @@ class StageContext:
         self._clients.clear()
 
 
-def _completion_dict(c: policy_pb2.Completion) -> dict[str, Any]:
-    # Plain fields, not json_format: that costs ~0.7 ms a completion, on the critical path of every step.
-    return {"prompt_id": c.prompt_id, "index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-            "logprobs": list(c.logprobs), "finish_reason": c.finish_reason,
-            "prompt_token_ids": list(c.prompt_token_ids)}
+def completion_record(c: Completion) -> CompletionRecord:
+    # Field by field, not dataclasses.asdict, which deep-copies every token id: this is on every step's critical path.
+    return {"prompt_id": c.prompt_id, "index": c.index, "text": c.text, "token_ids": c.token_ids,
+            "logprobs": c.logprobs, "finish_reason": c.finish_reason, "prompt_token_ids": c.prompt_token_ids}
 
 
-def _completions(rollout: dict[str, Any]) -> list[policy_pb2.Completion]:
-    return [policy_pb2.Completion(**c) for c in rollout["completions"]]
+def completions_of(rollout: RolloutResult) -> list[Completion]:
+    return [Completion(**c) for c in rollout["completions"]]
 
 
-def _examples_by_id(rollout: dict[str, Any]) -> dict[str, dict[str, str]]:
+def prompts_by_id(rollout: RolloutResult) -> dict[str, PromptRecord]:
     return {p["id"]: p for p in rollout["prompts"]}
 
 
@@ -127,11 +145,11 @@ def expect_before_update(service: str, info: Any, expected: int, key: str, job: 
     expect_version(service, info.version, expected, job)
 
 
-def rollout(ctx: StageContext, step: int) -> dict[str, Any]:
+def rollout(ctx: StageContext, step: int) -> RolloutResult:
     examples = ctx.data.batch(step)
     sampling = ctx.config.policy.sampling
     # Prompt ids carry the step and slot, so a prompt that recurs in a later epoch is still a distinct group.
-    prompts = [{"id": f"{step}-{k}-{e.id}", "question": e.question, "answer": e.answer, "example": e.id}
+    prompts = [PromptRecord(id=f"{step}-{k}-{e.id}", question=e.question, answer=e.answer, example=e.id)
                for k, e in enumerate(examples)]
     reply = ctx.client("policy").generate(
         [(p["id"], prompt_text(ctx.config, e)) for p, e in zip(prompts, examples, strict=True)],
@@ -142,31 +160,27 @@ def rollout(ctx: StageContext, step: int) -> dict[str, Any]:
         expect_version("policy", reply.version,
                        recorded(ctx, graph.POLICY_UPDATE, step - 1, "policy_version", "policy_version"),
                        f"rollout:{step}")
-    completions = [_completion_dict(c) for c in reply.completions]
+    completions = [completion_record(c) for c in reply.completions]
     epoch, offset = ctx.data.position(step)
     return {"policy_version": reply.version, "prompts": prompts, "completions": completions,
             "data_position": {"epoch": epoch, "offset": offset}}
 
 
-def verify(ctx: StageContext, step: int) -> dict[str, Any]:
-    from cooper.services.verifier.client import Verdict, VerifyItem
-
+def verify(ctx: StageContext, step: int) -> VerificationResult:
     ro = ctx.result(graph.ROLLOUT, step)
-    by_id = _examples_by_id(ro)
+    by_id = prompts_by_id(ro)
     items = [VerifyItem(id=str(k), completion=c.get("text", ""), reference=by_id[c["prompt_id"]]["answer"])
              for k, c in enumerate(ro["completions"])]
     results = ctx.client("verifier").verify(items)
     return {"verdicts": [Verdict.Name(r.verdict) for r in results], "extracted": [r.extracted for r in results]}
 
 
-def score(ctx: StageContext, step: int) -> dict[str, Any]:
+def score(ctx: StageContext, step: int) -> ScoreResult:
     if ctx.config.run.mode == "rule":  # the verifier's 1/0; the reward service is never called
         verdicts = ctx.result(graph.VERIFY, step)["verdicts"]
         return {"rewards": [1.0 if v == "CORRECT" else 0.0 for v in verdicts], "logits": [], "reward_version": -1}
-    from cooper.services.reward.items import ScoreItem
-
     ro = ctx.result(graph.ROLLOUT, step)
-    by_id = _examples_by_id(ro)
+    by_id = prompts_by_id(ro)
     items = [ScoreItem(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                        completion=c.get("text", "")) for c in ro["completions"]]
     result = ctx.client("reward").score(items)
@@ -177,29 +191,27 @@ def score(ctx: StageContext, step: int) -> dict[str, Any]:
     return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
 
 
-def policy_update(ctx: StageContext, step: int) -> dict[str, Any]:
+def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
     expect_before_update("policy", policy.info(), sampled, f"{ctx.run_id}/{step}", job)
-    reply = policy.train(ctx.run_id, step, _completions(ro), sc["rewards"], ctx.config.policy.sampling.n)
+    reply = policy.train(ctx.run_id, step, completions_of(ro), sc["rewards"], ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed}
 
 
-def negatives(ctx: StageContext, step: int) -> dict[str, Any]:
-    from cooper.services.generator.client import NegativeItem
-
+def negatives(ctx: StageContext, step: int) -> NegativesResult:
     ro, ve = ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step)
     # The positive of a prompt is its first completion the verifier marks correct (docs/design.md, section 2.2).
     positives: dict[str, str] = {}
     for completion, verdict in zip(ro["completions"], ve["verdicts"], strict=True):
         if verdict == "CORRECT" and completion["prompt_id"] not in positives:
             positives[completion["prompt_id"]] = completion.get("text", "")
-    by_id = _examples_by_id(ro)
+    by_id = prompts_by_id(ro)
     if ctx.config.run.negatives == "rollouts":
         # The variant (config.RunConfig.negatives): the group's own verifier-rejected completions are the negatives.
-        pairs = [{"question": by_id[c["prompt_id"]]["question"], "reference": by_id[c["prompt_id"]]["answer"],
-                  "positive": positives[c["prompt_id"]], "negative": c.get("text", "")}
+        pairs = [PairRecord(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
+                            positive=positives[c["prompt_id"]], negative=c.get("text", ""))
                  for c, v in zip(ro["completions"], ve["verdicts"], strict=True)
                  if v in ("INCORRECT", "NO_ANSWER") and c["prompt_id"] in positives]
         return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(positives), "attempts": 0,
@@ -207,15 +219,13 @@ def negatives(ctx: StageContext, step: int) -> dict[str, Any]:
     items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
              for pid, text in positives.items()]
     results = ctx.client("generator").negatives(items) if items else []
-    pairs = [{"question": by_id[r.id]["question"], "reference": by_id[r.id]["answer"],
-              "positive": positives[r.id], "negative": r.negative} for r in results if r.valid]
+    pairs = [PairRecord(question=by_id[r.id]["question"], reference=by_id[r.id]["answer"], positive=positives[r.id],
+                        negative=r.negative) for r in results if r.valid]
     return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(items),
             "attempts": sum(r.attempts for r in results), "rejections": [list(r.rejections) for r in results]}
 
 
-def reward_update(ctx: StageContext, step: int) -> dict[str, Any]:
-    from cooper.services.reward.items import PreferencePair
-
+def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     ng = ctx.result(graph.NEGATIVES, step)
     pairs = [PreferencePair(**p) for p in ng["pairs"]]
     reward, job, used = ctx.client("reward"), f"reward_update:{step}", ctx.result(graph.SCORE, step)["reward_version"]
@@ -227,11 +237,9 @@ def reward_update(ctx: StageContext, step: int) -> dict[str, Any]:
             "replayed": r.replayed, "pairs": len(pairs)}
 
 
-def evaluate(ctx: StageContext, step: int) -> dict[str, Any]:
+def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
     """Mean verifier accuracy of k samples per held-out problem, per benchmark; and, with eval.rm_benchmark_path,
     the reward model's accuracy on that labelled benchmark (score_rm_bench)."""
-    from cooper.services.verifier.client import Verdict, VerifyItem
-
     ev = ctx.config.eval
     accuracies: dict[str, float] = {}
     version = -1
@@ -251,17 +259,16 @@ def evaluate(ctx: StageContext, step: int) -> dict[str, Any]:
                  for k, c in enumerate(reply.completions)]
         verdicts = ctx.client("verifier").verify(items)
         accuracies[name] = statistics.fmean(v.verdict == Verdict.CORRECT for v in verdicts) if verdicts else 0.0
-    result: dict[str, Any] = {"accuracy": accuracies, "policy_version": version}
+    result: EvaluationResult = {"accuracy": accuracies, "policy_version": version}
     if ctx.rm_bench:
         result["rm_bench"] = score_rm_bench(ctx)
     return result
 
 
-def score_rm_bench(ctx: StageContext) -> dict[str, Any]:
+def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     """The reward model's current version against the human labels of eval.rm_benchmark_path: accuracy (score >
     0.5 says correct) and AUROC. One Score call, so every score comes from the one version it reports; in cooper
     mode that is v_t or v_{t+1}, whichever the reward service holds when evaluation runs beside reward_update(t)."""
-    from cooper.services.reward.items import ScoreItem
     from cooper.services.reward.verify_rm import logit_to_reward
 
     items = [ScoreItem(i.question, i.reference, i.completion) for i in ctx.rm_bench]
@@ -273,7 +280,7 @@ def score_rm_bench(ctx: StageContext) -> dict[str, Any]:
     return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version}
 
 
-STAGES: dict[str, Callable[[StageContext, int], dict[str, Any]]] = {
+STAGES: dict[str, Callable[[StageContext, int], StageResult]] = {
     graph.ROLLOUT: rollout,
     graph.VERIFY: verify,
     graph.SCORE: score,

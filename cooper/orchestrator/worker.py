@@ -18,7 +18,7 @@ import traceback
 import redis
 
 from cooper.orchestrator.graph import Job, StepGraph
-from cooper.orchestrator.queue import JobStatus, RunStore
+from cooper.orchestrator.run_store import JobStatus, RunStore
 from cooper.orchestrator.stages import STAGES, StageContext
 
 log = logging.getLogger("cooper.orchestrator.worker")

@@ -255,7 +255,7 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
     """SIGKILL kill.target (serving, for a service) as soon as a job of stage kill.during is running, and set
     kill.inside to that job if its status was unchanged just after the kill. None if no such job ran before the run
     ended or `timeout_s`."""
-    # The job statuses the stage workers write (queue.RunStore), read from the run's embedded Redis through a short
+    # The job statuses the stage workers write (run_store.RunStore), read from the run's embedded Redis through a short
     # link: the run directory's path may be too long for an AF_UNIX socket (embedded_redis.SOCKET_PATH_MAX).
     link = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp")) / "redis"
     link.symlink_to(run_dir / "redis")

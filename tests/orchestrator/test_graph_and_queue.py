@@ -13,7 +13,7 @@ from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
-from cooper.orchestrator.queue import JobStatus, RunStore
+from cooper.orchestrator.run_store import JobStatus, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker
 

@@ -13,8 +13,8 @@ from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
-from cooper.orchestrator.queue import RunStore
 from cooper.orchestrator.run import rm_benchmark, step_record
+from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.runtime.models import resolve_model
 from cooper.runtime.processes import start_service

@@ -1,4 +1,5 @@
-"""Client of the generator service, for the orchestrator (negatives) and the annotator (judge)."""
+"""Client of the generator service, for the orchestrator (negatives) and the annotator (judge); speaks
+`messages`' dataclasses."""
 
 from __future__ import annotations
 
@@ -7,14 +8,12 @@ from collections.abc import Sequence
 from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.generator.v1 import generator_pb2, generator_pb2_grpc
 from cooper.runtime.client import ServiceClient
-from cooper.services.generator.judge import Judgment as Judgment  # the verdicts of JudgeResults, for callers
+from cooper.services.generator.messages import JudgeItem, JudgeResult, Judgment, NegativeItem, NegativeResult
+
+__all__ = ["SERVICE_NAME", "GeneratorClient", "JudgeItem", "JudgeResult", "Judgment", "NegativeItem",
+           "NegativeResult"]
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
-
-NegativeItem = generator_pb2.NegativeItem
-NegativeResult = generator_pb2.NegativeResult
-JudgeItem = generator_pb2.JudgeItem
-JudgeResult = generator_pb2.JudgeResult
 
 
 class GeneratorClient(ServiceClient):
@@ -24,16 +23,21 @@ class GeneratorClient(ServiceClient):
         super().__init__(address, config, security)
         self.stub = generator_pb2_grpc.GeneratorStub(self.channel)
 
-    def negatives(
-        self, items: Sequence[generator_pb2.NegativeItem], deadline_s: float | None = None
-    ) -> list[generator_pb2.NegativeResult]:
+    def negatives(self, items: Sequence[NegativeItem], deadline_s: float | None = None) -> list[NegativeResult]:
         """One result per item, in order; `valid` says whether it holds a verified negative."""
-        reply = self.call(self.stub.Negatives, generator_pb2.NegativesRequest(items=list(items)), deadline_s)
-        return list(reply.results)
+        request = generator_pb2.NegativesRequest(items=[
+            generator_pb2.NegativeItem(id=i.id, question=i.question, reference=i.reference, positive=i.positive)
+            for i in items
+        ])
+        reply = self.call(self.stub.Negatives, request, deadline_s)
+        return [NegativeResult(r.id, r.negative, r.attempts, r.valid, r.reason, list(r.rejections))
+                for r in reply.results]
 
-    def judge(
-        self, items: Sequence[generator_pb2.JudgeItem], deadline_s: float | None = None
-    ) -> list[generator_pb2.JudgeResult]:
+    def judge(self, items: Sequence[JudgeItem], deadline_s: float | None = None) -> list[JudgeResult]:
         """One judgment (YES, NO or UNKNOWN, with the judge's raw reply) per item, in order."""
-        reply = self.call(self.stub.Judge, generator_pb2.JudgeRequest(items=list(items)), deadline_s)
-        return list(reply.results)
+        request = generator_pb2.JudgeRequest(items=[
+            generator_pb2.JudgeItem(question=i.question, reference=i.reference, completion=i.completion)
+            for i in items
+        ])
+        reply = self.call(self.stub.Judge, request, deadline_s)
+        return [JudgeResult(r.verdict, r.raw) for r in reply.results]

@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cooper.protos.wire_enum import WireEnum
 from cooper.services.generator.assistant import Assistant, ChatRequest
+from cooper.services.generator.messages import Judgment
 
 JUDGE_PROMPT = """You check whether a solution's final result agrees with a reference answer.
 
@@ -39,14 +39,6 @@ _VERDICT = re.compile(
     r"final\s+judge?ment\s*[:：]?[\s*_`]*(?:\\boxed\s*\{\s*|\\text\s*\{\s*|\[\s*)*(yes|no)(?![a-z])",
     re.IGNORECASE,
 )
-
-
-class Judgment(WireEnum):
-    """cooper.generator.v1.Judgment: a Judgment is sent as it is, and a received number compares equal to one."""
-
-    YES = 1
-    NO = 2
-    UNKNOWN = 3
 
 
 @dataclass(frozen=True)

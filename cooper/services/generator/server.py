@@ -27,7 +27,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
 )
 from cooper.services.verifier.client import VerifierClient
-from cooper.services.verifier.verdict import Verdict
+from cooper.services.verifier.messages import Verdict
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
 log = logging.getLogger("cooper.generator")

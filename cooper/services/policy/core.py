@@ -22,7 +22,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,15 @@ from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.journal import UpdateJournal
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
-from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, rollout_samples, rollout_tensors
+from cooper.services.policy.errors import RankFailure, RanksRestarted
+from cooper.services.policy.messages import TrainResult
+from cooper.services.policy.models import load_reference
+from cooper.services.policy.trainer import (
+    GRPOTrainer,
+    RolloutSample,
+    rollout_samples,
+    rollout_tensors,
+)
 
 JOURNAL_DIR = "journal"
 """The update journal's directory inside policy.checkpoint_dir."""
@@ -53,22 +59,6 @@ JOURNAL_DIR = "journal"
 log = logging.getLogger("cooper.policy")
 
 KEY_HISTORY = 256
-
-
-class RankFailure(RuntimeError):
-    """A training rank died or failed (world_size > 1); its shard of the weights and optimizer is lost."""
-
-
-class RanksRestarted(RuntimeError):
-    """The call failed because a rank failed, and the service has started its ranks again from the latest
-    checkpoint: the update was not applied, and a retry will be. Servers answer it with UNAVAILABLE."""
-
-
-@dataclass
-class TrainResult:
-    metrics: dict[str, float]
-    version: int
-    replayed: bool
 
 
 def resolve_world_size(world_size: int | str, device: torch.device) -> int:
@@ -134,28 +124,15 @@ class PolicyCore:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = load_causal_lm(weights_path, torch.float32, self.device)
         self.reference = None
-        self.trainer: Any
+        self.trainer: Any  # a trainer.PolicyUpdater: GRPOTrainer, or ranks.RankGroup when world_size > 1
         if self.world_size > 1:
             # The ranks hold the sharded weights, optimizer and reference; `self.model` stays rank 0's full copy,
             # which the engine samples from and checkpoints save (ranks.py).
             self.trainer = self._start_ranks(weights_path, checkpoint)
         else:
-            if cfg.grpo.kl_coef > 0 or cfg.grpo.track_kl:
-                # The frozen *initial* policy, never a checkpoint: the KL anchors the run to where it started. It
-                # has no optimizer, so it may live in the compute dtype.
-                self.reference = load_causal_lm(self.initial_path, self.autocast or torch.float32, self.device)
-                self.reference.requires_grad_(False)
-            grpo, optim = cfg.grpo, cfg.optim
-            self.trainer = GRPOTrainer(
-                self.model,
-                self.reference,
-                LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
-                             grpo.kl_clamp, grpo.rollout_is_cap),
-                lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps,
-                grad_clip=optim.grad_clip, warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size,
-                epochs=grpo.epochs, temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps,
-                pad_id=self.tokenizer.pad_token_id, autocast_dtype=self.autocast,
-            )
+            self.reference = load_reference(cfg, self.initial_path, self.autocast, self.device)
+            self.trainer = GRPOTrainer.from_config(self.model, self.reference, cfg, self.tokenizer.pad_token_id,
+                                                   self.autocast)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.version = 0
         self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -206,6 +183,7 @@ class PolicyCore:
             self.history.popitem(last=False)
 
     def _start_ranks(self, weights_path: str, checkpoint: Any) -> Any:
+        # Imported here only: FSDP's modules take about a second to import, which one rank never needs.
         from cooper.services.policy.ranks import RankGroup, RankSpec
 
         spec = RankSpec(self.cfg, self.world_size, weights_path, self.initial_path,

@@ -40,10 +40,10 @@ from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import OPTIMIZER_FILE
 from cooper.runtime.devices import rank_device, resolve_autocast
 from cooper.runtime.models import load_causal_lm
-from cooper.services.policy.core import RankFailure
-from cooper.services.policy.grpo import LossSettings, group_advantages
-from cooper.services.policy.sharded import RankTrainer, metrics_from_sums, shard_model, split_batch
-from cooper.services.policy.trainer import RolloutSample
+from cooper.services.policy.errors import RankFailure
+from cooper.services.policy.models import load_reference
+from cooper.services.policy.sharded import RankTrainer, shard_model, split_batch
+from cooper.services.policy.trainer import PolicyUpdater, RolloutSample
 
 log = logging.getLogger("cooper.policy")
 
@@ -61,18 +61,14 @@ class RankSpec:
     store_port: int = 0
 
 
-def _load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
-    cfg = spec.cfg
-    autocast = resolve_autocast(cfg.dtype, device)
-    model = load_causal_lm(spec.weights_path, torch.float32, torch.device("cpu"))
-    reference = None
-    if cfg.grpo.kl_coef > 0 or cfg.grpo.track_kl:
-        reference = load_causal_lm(spec.initial_path, autocast or torch.float32, torch.device("cpu"))
-        reference.requires_grad_(False)
-    return model, reference
+def load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
+    """The policy and its reference on the CPU, to be sharded onto `device` (`join_group`)."""
+    cpu = torch.device("cpu")
+    model = load_causal_lm(spec.weights_path, torch.float32, cpu)
+    return model, load_reference(spec.cfg, spec.initial_path, resolve_autocast(spec.cfg.dtype, device), cpu)
 
 
-def _join(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device, models: tuple[Any, Any | None]
+def join_group(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device, models: tuple[Any, Any | None]
           ) -> RankTrainer:
     """Join the process group, shard the models onto this rank's device, load the optimizer shard."""
     cfg = spec.cfg
@@ -95,15 +91,8 @@ def _join(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device,
     model = shard_model(model.to(device), mp_policy, mesh)
     if reference is not None:
         reference = shard_model(reference.to(device), None, mesh)
-    grpo, optim = cfg.grpo, cfg.optim
-    trainer = RankTrainer(
-        model, reference,
-        LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp, grpo.kl_clamp,
-                     grpo.rollout_is_cap),
-        lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps, grad_clip=optim.grad_clip,
-        warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size, epochs=grpo.epochs,
-        temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps, pad_id=spec.pad_id, autocast_dtype=None,
-    )
+    # autocast_dtype None: FSDP's mixed precision above is what runs the forward in bf16.
+    trainer = RankTrainer.from_config(model, reference, cfg, spec.pad_id, None)
     if spec.checkpoint:
         # mmap: each rank touches only the pages of its own shards, not the whole file.
         saved = torch.load(os.path.join(spec.checkpoint, OPTIMIZER_FILE), map_location="cpu", weights_only=True,
@@ -121,11 +110,11 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
         device = rank_device(spec.cfg.device, rank, "policy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        models = _load_models(spec, device)
+        models = load_models(spec, device)
         conn.send(("loaded", None))
         store = dist.TCPStore("127.0.0.1", spec.store_port, spec.world_size, is_master=False,
                               timeout=timedelta(seconds=spec.cfg.distributed.timeout_s))
-        trainer = _join(spec, rank, store, device, models)
+        trainer = join_group(spec, rank, store, device, models)
         conn.send(("ready", None))
         while True:
             try:
@@ -154,8 +143,9 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class RankGroup:
-    """Rank 0's side: starts the ranks, drives them, and trains the policy with them.
+class RankGroup(PolicyUpdater):
+    """Rank 0's side: starts the ranks, drives them, and trains the policy with them (`train_step`, the same as
+    one rank's: the advantages are computed once, over the whole rollout, then each rank gets its share).
 
     `rollout_model` is rank 0's unsharded copy of the weights (the engine samples from it and checkpoints save
     it); after every update each weight is gathered into it.
@@ -164,6 +154,8 @@ class RankGroup:
     def __init__(self, spec: RankSpec, rollout_model: Any):
         self.spec = spec
         self.cfg = spec.cfg
+        grpo = spec.cfg.grpo
+        self.adv_eps, self.epochs, self.rollout_is_cap = grpo.adv_eps, grpo.epochs, grpo.rollout_is_cap
         self.world_size = spec.world_size
         self.rollout_model = rollout_model
         self.timeout_s = spec.cfg.distributed.timeout_s
@@ -187,9 +179,9 @@ class RankGroup:
                 child.close()
                 self.workers.append((rank, process, parent))
             device = rank_device(self.cfg.device, 0, "policy.device")
-            models = _load_models(spec, device)
+            models = load_models(spec, device)
             self._collect("loaded", "start")  # a rank that fails to load fails the start here, before any collective
-            self.local = self._on_rank0(_join, spec, 0, store, device, models)
+            self.local = self._on_rank0(join_group, spec, 0, store, device, models)
             self._collect("ready", "start")
         except BaseException:
             self.kill()
@@ -268,16 +260,10 @@ class RankGroup:
 
     # --- the trainer interface PolicyCore uses ------------------------------------------------------------
 
-    def train_step(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
-                   ) -> dict[str, float]:
-        """One update across the ranks, then the new weights gathered into the rollout model; single-rank metrics."""
-        if not any(s.completion_token_ids for s in samples):
-            raise ValueError("every completion is empty; nothing to train on")
-        advantages = group_advantages(torch.tensor(list(rewards), dtype=torch.float32), group_size,
-                                      self.cfg.grpo.adv_eps)
+    def apply_update(self, samples: Sequence[RolloutSample], advantages: torch.Tensor) -> dict[str, float]:
+        """One update across the ranks, each on its share, then the new weights gathered into the rollout model."""
         parts = split_batch(samples, advantages, self.world_size, self.cfg.optim.micro_batch_size)
-        sums = self.run("update", [(parts[0], self.rollout_model), *[(part, None) for part in parts[1:]]])
-        return metrics_from_sums(sums, rewards, self.cfg.grpo.epochs, self.cfg.grpo.rollout_is_cap)
+        return self.run("update", [(parts[0], self.rollout_model), *[(part, None) for part in parts[1:]]])
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.run("full_optimizer_state", [()] * self.world_size)

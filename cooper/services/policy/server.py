@@ -22,8 +22,9 @@ from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
-from cooper.services.policy.core import PolicyCore, RanksRestarted
+from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
+from cooper.services.policy.errors import RanksRestarted
 from cooper.services.policy.trainer import RolloutSample
 
 log = logging.getLogger("cooper.policy")

@@ -1,8 +1,9 @@
 """One rank's share of a policy update under FSDP2 (`fully_shard`): the sharded model, the batch split, the
 global token-mean, and the weights and optimizer state gathered into the single-rank formats.
 
-Every rank runs the same code on its own share of the batch (`RankBatch`); `ranks.py` starts the processes and
-tells them what to run. What keeps the update equal to the single-rank one:
+Every rank runs the single-rank loop (`GRPOTrainer.run_update`) on its own share of the batch (`RankBatch`);
+`RankTrainer` only makes its collectives real. `ranks.py` starts the processes and tells them what to run. What
+keeps the update equal to the single-rank one:
 
 - the advantages are computed by rank 0 over the whole rollout (groups may straddle two ranks' shares);
 - the token count of the whole batch is all-reduced before any loss is formed, and each rank divides its loss
@@ -30,20 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from cooper.services.policy.grpo import LossSettings
-from cooper.services.policy.trainer import (
-    ROLLOUT_SUM_KEYS,
-    GRPOTrainer,
-    RolloutSample,
-    _Batch,
-    _layout,
-    lr_at,
-    per_token_metrics,
-    rollout_metrics,
-    rollout_sums_over,
-)
-
-SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy", "kl_seq", *ROLLOUT_SUM_KEYS, "tokens", "samples")
+from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
 
 
 @dataclass
@@ -106,75 +94,26 @@ def gather_weights(model: Any, into: Any | None) -> None:
 
 
 class RankTrainer(GRPOTrainer):
-    """`GRPOTrainer` on a `shard_model` model: the same loss, micro-batches and optimizer, over one rank's share."""
+    """`GRPOTrainer` on a `shard_model` model: the same loop (`run_update`) over one rank's share, with the
+    collectives it calls made real."""
 
-    def __init__(self, model: Any, reference: Any | None, settings: LossSettings, **kwargs: Any):
-        super().__init__(model, reference, settings, **kwargs)
-        self.dummy_sample = RolloutSample([self.pad_id], [self.pad_id])
-
-    def _rank_batches(self, part: RankBatch) -> tuple[list[_Batch], list[Tensor]]:
-        device = self.device
-        spans = self._micro_batches(part.samples)
-        batches = [_layout(part.samples[a:b], self.pad_id, device) for a, b in spans]
-        advantages = [torch.tensor(part.advantages[a:b], dtype=torch.float32, device=device) for a, b in spans]
-        while len(batches) < part.micro_batches:
-            # A pass that contributes nothing (mask 0) but joins the other ranks' all-gathers and reduce-scatters.
-            dummy = _layout([self.dummy_sample], self.pad_id, device)
-            dummy.mask.zero_()
-            batches.append(dummy)
-            advantages.append(torch.zeros(1, device=device))
-        return batches, advantages
-
-    def _all_reduce(self, values: list[float]) -> list[float]:
+    def all_reduce(self, values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return tensor.tolist()
 
-    def rank_step(self, part: RankBatch) -> dict[str, float]:
-        """Collective: one update over every rank's `part`; returns the whole batch's sums (the same on all ranks)."""
-        batches, advantages = self._rank_batches(part)
-        local_tokens = float(sum(len(s.completion_token_ids) for s in part.samples))
-        total_tokens, total_samples = self._all_reduce([local_tokens, float(len(part.samples))])
-        if total_tokens == 0:
-            raise ValueError("every completion is empty; nothing to train on")
-
-        self.model.eval()  # no dropout in any pass (see GRPOTrainer)
-        old_logps = [self._logprobs(self.model, b) for b in batches]
-        mismatch = rollout_sums_over(old_logps, batches, self.settings)
-        ref_logps: list[Tensor | None] = [None] * len(batches)
-        kl_seq = 0.0
-        if self.reference is not None:
-            ref_logps = [self._logprobs(self.reference, b) for b in batches]
-            kl_seq = sum(float(((old - ref) * b.mask).sum()) for old, ref, b in zip(old_logps, ref_logps, batches,
-                                                                                   strict=True))
-        lr = lr_at(self.updates, self.lr, self.warmup_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        sums = dict.fromkeys(("loss", "policy_loss", "kl", "clipped", "entropy"), 0.0)
-        norms = 0.0
-        for _ in range(self.epochs):
-            self.optimizer.zero_grad(set_to_none=True)
-            for batch, adv, old, ref in zip(batches, advantages, old_logps, ref_logps, strict=True):
-                self._backward_micro_batch(batch, old, adv, ref, total_tokens, sums)
-            grads = [p.grad for p in self.params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads, 2.0)
-            if isinstance(norm, DTensor):  # a partial norm per rank; the full tensor is the norm of the whole grad
-                norm = norm.full_tensor()
-            norms += float(norm)
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
-            self.optimizer.step()
-        self.updates += 1
-        reduced = self._all_reduce([sums["loss"], sums["policy_loss"], sums["kl"], sums["clipped"],
-                                    sums["entropy"], kl_seq, *(mismatch[key] for key in ROLLOUT_SUM_KEYS)])
-        out = dict(zip(SUM_KEYS, [*reduced, total_tokens, total_samples], strict=True))
-        out["grad_norm"] = norms / self.epochs
-        out["lr"] = lr
-        out["has_reference"] = float(self.reference is not None)
-        return out
+    def clip_gradients(self, max_norm: float) -> float:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(norm, DTensor):  # a partial norm per rank; the full tensor is the norm of the whole grad
+            norm = norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, norm)
+        return float(norm)
 
     def update(self, part: RankBatch, into: Any | None) -> dict[str, float]:
-        """Collective: `rank_step`, then the new weights gathered into rank 0's rollout model (`into`)."""
-        sums = self.rank_step(part)
+        """Collective: one update over every rank's `part` (`run_update`), then the new weights gathered into rank
+        0's rollout model (`into`); the whole batch's sums."""
+        sums = self.run_update(part.samples, torch.tensor(part.advantages, dtype=torch.float32), part.micro_batches)
         gather_weights(self.model, into)
         return sums
 
@@ -210,18 +149,3 @@ class RankTrainer(GRPOTrainer):
         self.optimizer.load_state_dict({"state": state, "param_groups": optimizer["param_groups"]})
         self.updates = int(saved["updates"])
 
-
-def metrics_from_sums(sums: dict[str, float], rewards: Sequence[float], epochs: int,
-                      rollout_is_cap: float | None = None) -> dict[str, float]:
-    """The single-rank trainer's metrics (`GRPOTrainer._run_epochs`) from the all-reduced sums."""
-    metrics = {
-        **per_token_metrics(sums, epochs * sums["tokens"]),
-        "grad_norm": sums["grad_norm"],
-        "response_length": sums["tokens"] / sums["samples"],
-        "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
-        "lr": sums["lr"],
-        **rollout_metrics(sums, rollout_is_cap),
-    }
-    if sums["has_reference"]:
-        metrics["kl_seq"] = sums["kl_seq"] / sums["samples"]
-    return metrics

@@ -8,17 +8,22 @@ Gradient accumulation is exact: each micro-batch's loss is its *sum* over tokens
 the whole batch, so the summed micro-batch gradients equal the gradient of one full-batch token-mean (a test
 checks 1x8 against 4x2).
 
-Left out: sequence packing and minibatches within a rollout (one optimizer step per epoch). Training across ranks
-(FSDP2) reuses this class per rank: `sharded.RankTrainer`.
+The same loop (`GRPOTrainer.run_update`) trains one rank or many: across ranks (FSDP2) each runs it on its share of
+the batch, and `sharded.RankTrainer` overrides only the collectives it calls (the all-reduce of the sums and the
+norm of the sharded gradient). The advantages are computed once, over the whole rollout, before any split
+(`PolicyUpdater.train_step`).
+
+Left out: sequence packing and minibatches within a rollout (one optimizer step per epoch).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 from torch import Tensor
@@ -32,6 +37,9 @@ from cooper.services.policy.grpo import (
     token_entropy,
     token_logprobs,
 )
+
+if TYPE_CHECKING:
+    from cooper.config import PolicyConfig
 
 ROLLOUT_SUM_KEYS = ("rollout_abs_diff", "rollout_kl", "rollout_tokens", "rollout_is_weight", "rollout_is_capped")
 """Sums over the tokens whose rollout log-probs were sent: what `rollout_metrics` turns into metrics."""
@@ -109,7 +117,9 @@ def rollout_samples(tensors: dict[str, Tensor]) -> list[RolloutSample]:
 
 
 @dataclass
-class _Batch:
+class MicroBatch:
+    """A slice of the rollout laid out for one forward pass."""
+
     input_ids: Tensor  # [B, P + C]
     attention_mask: Tensor  # [B, P + C]
     position_ids: Tensor  # [B, P + C]
@@ -120,7 +130,8 @@ class _Batch:
     rollout_mask: Tensor  # [B, C] 1 on completion tokens whose rollout log-prob came
 
 
-def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device) -> _Batch:
+def layout_micro_batch(samples: Sequence[RolloutSample], pad_id: int, device: torch.device) -> MicroBatch:
+    """`samples` as `[left-padded prompt | right-padded completion]` rows on `device`."""
     prompt_width = max(len(s.prompt_token_ids) for s in samples)
     width = max(1, max(len(s.completion_token_ids) for s in samples))
     rows = len(samples)
@@ -140,7 +151,7 @@ def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device)
             rollout_mask[i, : len(c)] = 1
     # Positions count real tokens only, as in generation with left padding.
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return _Batch(
+    return MicroBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         position_ids=position_ids.to(device),
@@ -152,7 +163,7 @@ def _layout(samples: Sequence[RolloutSample], pad_id: int, device: torch.device)
     )
 
 
-def rollout_sums(old: Tensor, batch: _Batch, settings: LossSettings) -> dict[str, float]:
+def rollout_sums(old: Tensor, batch: MicroBatch, settings: LossSettings) -> dict[str, float]:
     """`ROLLOUT_SUM_KEYS` over one micro-batch: pi_old (the trainer's recomputed log-probs) against the engine's."""
     mask = batch.rollout_mask
     diff = (old - batch.rollout_logp) * mask
@@ -166,7 +177,7 @@ def rollout_sums(old: Tensor, batch: _Batch, settings: LossSettings) -> dict[str
     return sums
 
 
-def rollout_sums_over(old_logps: Sequence[Tensor], batches: Sequence[_Batch], settings: LossSettings
+def rollout_sums_over(old_logps: Sequence[Tensor], batches: Sequence[MicroBatch], settings: LossSettings
                       ) -> dict[str, float]:
     """`rollout_sums` added up over the micro-batches of an update."""
     total = dict.fromkeys(ROLLOUT_SUM_KEYS, 0.0)
@@ -176,7 +187,7 @@ def rollout_sums_over(old_logps: Sequence[Tensor], batches: Sequence[_Batch], se
     return total
 
 
-def token_is_weights(old: Tensor, batch: _Batch, settings: LossSettings) -> Tensor | None:
+def token_is_weights(old: Tensor, batch: MicroBatch, settings: LossSettings) -> Tensor | None:
     """The truncated importance weights of a micro-batch's tokens (1 where no rollout log-prob came); None: off."""
     if settings.rollout_is_cap is None:
         return None
@@ -194,9 +205,74 @@ def lr_at(update: int, lr: float, warmup_steps: int) -> float:
     return lr * min(1.0, (update + 1) / warmup_steps)
 
 
-class GRPOTrainer:
+LOSS_SUM_KEYS = ("loss", "policy_loss", "kl", "clipped", "entropy")
+"""Sums over the tokens (and epochs) of the backward passes: what `per_token_metrics` turns into token means."""
+
+REDUCED_SUM_KEYS = (*LOSS_SUM_KEYS, "kl_seq", *ROLLOUT_SUM_KEYS)
+"""The sums `GRPOTrainer.run_update` adds up over the ranks (`GRPOTrainer.all_reduce`) after the update."""
+
+
+def rollout_advantages(samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int, eps: float
+                       ) -> Tensor:
+    """[N] advantages of the whole rollout, computed once before it is cut into micro-batches or ranks' shares (a
+    prompt's group may straddle two of them); raises ValueError for a rollout there is nothing to learn from."""
+    if len(samples) != len(rewards):
+        raise ValueError(f"{len(samples)} completions but {len(rewards)} rewards; give one reward per completion")
+    if not samples:
+        raise ValueError("the rollout is empty")
+    advantages = group_advantages(torch.tensor(list(rewards), dtype=torch.float32), group_size, eps)
+    if not any(s.completion_token_ids for s in samples):
+        raise ValueError("every completion is empty; nothing to train on")
+    return advantages
+
+
+def update_metrics(sums: dict[str, float], rewards: Sequence[float], epochs: int, rollout_is_cap: float | None
+                   ) -> dict[str, float]:
+    """What one update reports, from the sums of `GRPOTrainer.run_update` over the whole batch (every rank's)."""
+    metrics = {
+        **per_token_metrics(sums, epochs * sums["tokens"]),
+        "grad_norm": sums["grad_norm"],
+        "response_length": sums["tokens"] / sums["samples"],
+        "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
+        **rollout_metrics(sums, rollout_is_cap),
+    }
+    if sums["has_reference"]:
+        # KL(pi || pi_init) per completion, the sequence-level quantity of Gao et al.'s over-optimisation plots.
+        metrics["kl_seq"] = sums["kl_seq"] / sums["samples"]
+    metrics["lr"] = sums["lr"]
+    return metrics
+
+
+class PolicyUpdater(ABC):
+    """One GRPO update per `train_step`, on one rank (`GRPOTrainer`) or several (`ranks.RankGroup`): the rollout is
+    checked and its advantages computed once, here, then `apply_update` trains on it and returns the whole batch's
+    sums, which become the metrics here too."""
+
+    adv_eps: float
+    epochs: int
+    rollout_is_cap: float | None
+
+    @abstractmethod
+    def apply_update(self, samples: Sequence[RolloutSample], advantages: Tensor) -> dict[str, float]:
+        """One optimizer update on the rollout; the sums of `GRPOTrainer.run_update` over the whole batch."""
+
+    @abstractmethod
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer state in the single-rank format, whatever the world size."""
+
+    def train_step(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
+                   ) -> dict[str, float]:
+        """One policy update on a rollout grouped by prompt (`group_size` consecutive samples per prompt)."""
+        advantages = rollout_advantages(samples, rewards, group_size, self.adv_eps)
+        return update_metrics(self.apply_update(samples, advantages), rewards, self.epochs, self.rollout_is_cap)
+
+
+class GRPOTrainer(PolicyUpdater):
     """Owns the optimizer; updates `model` in place. `reference` is the frozen initial policy (None: no KL); with a
-    reference the KL to it is measured even when `settings.kl_coef` is 0 (then it is not part of the loss)."""
+    reference the KL to it is measured even when `settings.kl_coef` is 0 (then it is not part of the loss).
+
+    `run_update` is the one training loop for any number of ranks; a rank overrides only the collectives it calls
+    (`all_reduce`, `clip_gradients`: `sharded.RankTrainer`), which are identities here."""
 
     def __init__(
         self,
@@ -222,6 +298,7 @@ class GRPOTrainer:
         self.model = model
         self.reference = reference
         self.settings = settings
+        self.rollout_is_cap = settings.rollout_is_cap
         self.lr = lr
         self.grad_clip = grad_clip
         self.warmup_steps = warmup_steps
@@ -231,21 +308,47 @@ class GRPOTrainer:
         self.adv_eps = adv_eps
         self.pad_id = pad_id
         self.autocast_dtype = autocast_dtype
-        self.updates = 0  # completed train_steps; drives the warm-up
+        self.updates = 0  # completed updates; drives the warm-up
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    @classmethod
+    def from_config(cls, model: Any, reference: Any | None, cfg: PolicyConfig, pad_id: int,
+                    autocast_dtype: torch.dtype | None) -> Self:
+        """The trainer `cfg` (policy.grpo, policy.optim, the sampling temperature) describes."""
+        grpo, optim = cfg.grpo, cfg.optim
+        return cls(
+            model, reference,
+            LossSettings(grpo.clip_low, grpo.clip_high, grpo.dual_clip, grpo.kl_coef, grpo.logratio_clamp,
+                         grpo.kl_clamp, grpo.rollout_is_cap),
+            lr=optim.lr, weight_decay=optim.weight_decay, betas=optim.betas, eps=optim.eps, grad_clip=optim.grad_clip,
+            warmup_steps=optim.warmup_steps, micro_batch_size=optim.micro_batch_size, epochs=grpo.epochs,
+            temperature=cfg.sampling.temperature, adv_eps=grpo.adv_eps, pad_id=pad_id, autocast_dtype=autocast_dtype,
+        )
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    # --- the collectives: identities on one rank ---------------------------------------------------------------
+
+    def all_reduce(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks."""
+        return values
+
+    def clip_gradients(self, max_norm: float) -> float:
+        """Clip the (whole, over every rank) gradient to `max_norm`; its total norm before clipping."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    # --- the update ---------------------------------------------------------------------------------------------
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
-    def _backward_micro_batch(self, batch: Any, old: Tensor, advantages: Tensor, ref: Tensor | None,
-                              total_tokens: int, sums: dict[str, float]) -> None:
+    def _backward_micro_batch(self, batch: MicroBatch, old: Tensor, advantages: Tensor, ref: Tensor | None,
+                              total_tokens: float, sums: dict[str, float]) -> None:
         """Backward of one micro-batch's share of the token-mean GRPO loss (its sums over `total_tokens`, the count
         of the whole batch, on every rank), adding its loss terms and entropy to `sums`."""
         logits = self._forward(self.model, batch)
@@ -260,7 +363,7 @@ class GRPOTrainer:
         sums["kl"] += part.kl
         sums["clipped"] += part.clipped
 
-    def _forward(self, model: Any, batch: _Batch) -> Tensor:
+    def _forward(self, model: Any, batch: MicroBatch) -> Tensor:
         """[B, C, V] logits that predict the completion tokens."""
         with self._autocast():
             out = model(
@@ -272,44 +375,48 @@ class GRPOTrainer:
             )
         return out.logits[:, :-1]
 
-    def _micro_batches(self, samples: Sequence[RolloutSample]) -> list[tuple[int, int]]:
-        size = self.micro_batch_size
-        return [(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]
-
     @torch.no_grad()
-    def _logprobs(self, model: Any, batch: _Batch) -> Tensor:
+    def _logprobs(self, model: Any, batch: MicroBatch) -> Tensor:
         return token_logprobs(self._forward(model, batch), batch.completion, self.temperature)
+
+    def _micro_batches(self, samples: Sequence[RolloutSample], advantages: Tensor, passes: int
+                       ) -> tuple[list[MicroBatch], list[Tensor]]:
+        """The micro-batches of `samples` and their advantages, padded to `passes` with passes that contribute
+        nothing (mask 0) but join the other ranks' all-gathers and reduce-scatters."""
+        device, size = self.device, self.micro_batch_size
+        spans = [(i, min(i + size, len(samples))) for i in range(0, len(samples), size)]
+        batches = [layout_micro_batch(samples[a:b], self.pad_id, device) for a, b in spans]
+        slices = [advantages[a:b].to(device) for a, b in spans]
+        while len(batches) < passes:
+            dummy = layout_micro_batch([RolloutSample([self.pad_id], [self.pad_id])], self.pad_id, device)
+            dummy.mask.zero_()
+            batches.append(dummy)
+            slices.append(torch.zeros(1, device=device))
+        return batches, slices
+
+    def apply_update(self, samples: Sequence[RolloutSample], advantages: Tensor) -> dict[str, float]:
+        return self.run_update(samples, advantages)
 
     def accumulate_gradients(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
                              ) -> dict[str, float]:
         """Zero the gradients, then accumulate the full-batch gradient over micro-batches; returns loss metrics.
 
-        Used once per epoch by `train_step`; public so that tests can compare gradients without an optimizer step.
+        `train_step` without the optimizer step; public so that tests can compare gradients.
         """
-        metrics, _ = self._run_epochs(samples, rewards, group_size, step=False)
+        advantages = rollout_advantages(samples, rewards, group_size, self.adv_eps)
+        sums = self.run_update(samples, advantages, step=False)
+        metrics = update_metrics(sums, rewards, self.epochs, self.rollout_is_cap)
+        del metrics["lr"]  # no step was taken with it
         return metrics
 
-    def train_step(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
+    def run_update(self, samples: Sequence[RolloutSample], advantages: Tensor, passes: int = 0, step: bool = True
                    ) -> dict[str, float]:
-        """One policy update on a rollout grouped by prompt (`group_size` consecutive samples per prompt)."""
-        metrics, lr = self._run_epochs(samples, rewards, group_size, step=True)
-        self.updates += 1
-        metrics["lr"] = lr
-        return metrics
-
-    def _run_epochs(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int, step: bool
-                    ) -> tuple[dict[str, float], float]:
-        if len(samples) != len(rewards):
-            raise ValueError(f"{len(samples)} completions but {len(rewards)} rewards; give one reward per completion")
-        if not samples:
-            raise ValueError("the rollout is empty")
-        advantages = group_advantages(torch.tensor(list(rewards), dtype=torch.float32), group_size, self.adv_eps)
-        total_tokens = sum(len(s.completion_token_ids) for s in samples)
-        if total_tokens == 0:
-            raise ValueError("every completion is empty; nothing to train on")
-        device = self.device
-        spans = self._micro_batches(samples)
-        batches = [_layout(samples[a:b], self.pad_id, device) for a, b in spans]
+        """Collective: one update over this rank's `samples` (all of them on one rank) with their `advantages`,
+        in at least `passes` micro-batches (the same number on every rank); `step` False only accumulates the
+        gradients. Returns the sums of the whole batch (every rank's), the same on all ranks."""
+        batches, batch_advantages = self._micro_batches(samples, advantages, passes)
+        local_tokens = float(sum(len(s.completion_token_ids) for s in samples))
+        total_tokens, total_samples = self.all_reduce([local_tokens, float(len(samples))])
 
         # old_logp: recomputed here with the current weights, before any update, rather than taken from the
         # sampling log-probs. The sampling engine (vLLM, bf16 kernels, another batch layout) does not compute
@@ -319,38 +426,35 @@ class GRPOTrainer:
         old_logps = [self._logprobs(self.model, b) for b in batches]
         mismatch = rollout_sums_over(old_logps, batches, self.settings)
         ref_logps: list[Tensor | None] = [None] * len(batches)
-        kl_seq = None
+        kl_seq = 0.0
         if self.reference is not None:
             ref_logps = [self._logprobs(self.reference, b) for b in batches]
-            # KL(pi || pi_init) per completion, the sequence-level quantity of Gao et al.'s over-optimisation plots:
-            # the rollout was sampled from the current weights (old_logp), so the mean over completions of
-            # sum_t (old_logp - ref_logp) is an unbiased (k1) estimate of it.
+            # Summed over completions of sum_t (old_logp - ref_logp): the rollout was sampled from the current
+            # weights (old_logp), so its mean over completions is an unbiased (k1) estimate of KL(pi || pi_init).
             kl_seq = sum(float(((old - ref) * b.mask).sum()) for old, ref, b in zip(old_logps, ref_logps, batches,
-                                                                                   strict=True)) / len(samples)
+                                                                                   strict=True))
 
         lr = lr_at(self.updates, self.lr, self.warmup_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        sums = dict.fromkeys(LOSS_SUM_KEYS, 0.0)
+        norms = 0.0
         for _ in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for (a, b), batch, old, ref in zip(spans, batches, old_logps, ref_logps, strict=True):
-                self._backward_micro_batch(batch, old, advantages[a:b].to(device), ref, total_tokens, sums)
+            for batch, adv, old, ref in zip(batches, batch_advantages, old_logps, ref_logps, strict=True):
+                self._backward_micro_batch(batch, old, adv, ref, total_tokens, sums)
             # Total norm before clipping: the number that says how large the raw update wanted to be.
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip if step else math.inf)
-            sums["grad_norm"] += float(norm)
+            norms += self.clip_gradients(self.grad_clip if step else math.inf)
             if step:
                 self.optimizer.step()
-        metrics = {
-            **per_token_metrics(sums, self.epochs * total_tokens),
-            "grad_norm": sums["grad_norm"] / self.epochs,
-            "response_length": total_tokens / len(samples),
-            "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
-            **rollout_metrics(mismatch, self.settings.rollout_is_cap),
-        }
-        if kl_seq is not None:
-            metrics["kl_seq"] = kl_seq
-        return metrics, lr
+        if step:
+            self.updates += 1
+        reduced = self.all_reduce([*(sums[key] for key in LOSS_SUM_KEYS), kl_seq,
+                                   *(mismatch[key] for key in ROLLOUT_SUM_KEYS)])
+        out = dict(zip(REDUCED_SUM_KEYS, reduced, strict=True))
+        out.update(tokens=total_tokens, samples=total_samples, grad_norm=norms / self.epochs, lr=lr,
+                   has_reference=float(self.reference is not None))
+        return out
 
     def optimizer_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "updates": self.updates}

@@ -1,4 +1,4 @@
-"""Client of the verifier service, for the orchestrator and the generator."""
+"""Client of the verifier service, for the orchestrator and the generator; speaks `messages`' dataclasses."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.verifier.v1 import verifier_pb2, verifier_pb2_grpc
 from cooper.runtime.client import ServiceClient
-from cooper.services.verifier.server import SERVICE_NAME
-from cooper.services.verifier.verdict import Verdict as Verdict  # the verdicts of results, for callers
+from cooper.services.verifier.messages import Verdict, VerifyItem, VerifyResult
 
-VerifyItem = verifier_pb2.VerifyItem
-VerifyResult = verifier_pb2.VerifyResult
+__all__ = ["SERVICE_NAME", "Verdict", "VerifierClient", "VerifyItem", "VerifyResult"]
+
+SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
 
 
 class VerifierClient(ServiceClient):
@@ -21,12 +21,15 @@ class VerifierClient(ServiceClient):
         super().__init__(address, config, security)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
 
-    def verify(self, items: Sequence[verifier_pb2.VerifyItem], deadline_s: float | None = None) -> list[verifier_pb2.VerifyResult]:
+    def verify(self, items: Sequence[VerifyItem], deadline_s: float | None = None) -> list[VerifyResult]:
         """One result per item, in order."""
-        reply = self.call(self.stub.Verify, verifier_pb2.VerifyRequest(items=list(items)), deadline_s)
-        return list(reply.results)
+        request = verifier_pb2.VerifyRequest(items=[
+            verifier_pb2.VerifyItem(id=i.id, completion=i.completion, reference=i.reference) for i in items
+        ])
+        reply = self.call(self.stub.Verify, request, deadline_s)
+        return [VerifyResult(r.id, r.verdict, r.extracted, r.ms, r.detail) for r in reply.results]
 
-    def verify_pairs(self, pairs: Sequence[tuple[str, str]], deadline_s: float | None = None) -> list[verifier_pb2.VerifyResult]:
+    def verify_pairs(self, pairs: Sequence[tuple[str, str]], deadline_s: float | None = None) -> list[VerifyResult]:
         """Convenience: [(completion, reference)] -> results, ids are the positions."""
         items = [VerifyItem(id=str(i), completion=c, reference=r) for i, (c, r) in enumerate(pairs)]
         return self.verify(items, deadline_s)

@@ -1,0 +1,80 @@
+"""The reward-hacking alarm as the driver runs it: one observation per logged step, its events written down.
+
+The detector (cooper/evaluation/alarm.py) is pure; this keeps its state in the run's Redis state (so a resumed run
+goes on with the same baseline and sums), adds `alarm/*` keys to each step's metrics record, appends every raise
+and clear to `alarms.jsonl` with the step and the policy's and reward model's versions, and, in act mode, sets the
+run state the stages read (`alarm_active`) while the alarm is up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from cooper.config import CooperConfig
+from cooper.evaluation.alarm import AlarmSettings, HackingAlarm
+from cooper.orchestrator.run_store import RunStore
+
+log = logging.getLogger("cooper.orchestrator")
+
+STATE_KEY = "alarm"
+ACTIVE_KEY = "alarm_active"  # in act mode: the actions in force while the alarm is up, [] when it is down
+EVENTS_FILE = "alarms.jsonl"
+
+
+class AlarmWatch:
+    def __init__(self, config: CooperConfig, store: RunStore, run_dir: Path):
+        alarm = config.alarm
+        self.acting = alarm.mode == "act"
+        self.actions = list(alarm.actions) if self.acting else []
+        self.settings = AlarmSettings(baseline_steps=alarm.baseline_steps, drift=alarm.drift,
+                                      false_alarm_rate=alarm.false_alarm_rate, run_steps=config.run.steps,
+                                      clear_steps=alarm.clear_steps)
+        self.store, self.events = store, run_dir / EVENTS_FILE
+        saved = store.state().get(STATE_KEY)
+        self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)
+
+    @classmethod
+    def for_run(cls, config: CooperConfig, store: RunStore, run_dir: Path) -> AlarmWatch | None:
+        """None when there is nothing to watch: alarm.mode off, rule mode (no reward model), or a run too short
+        to fit a baseline and then watch."""
+        if config.alarm.mode == "off" or config.run.mode == "rule":
+            return None
+        if config.run.steps <= config.alarm.baseline_steps:
+            log.info("reward-hacking alarm off: run.steps (%d) leaves no step after its %d-step baseline",
+                     config.run.steps, config.alarm.baseline_steps)
+            return None
+        return cls(config, store, run_dir)
+
+    def observe(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The `alarm/*` keys of a step's record; logs and acts on a raise or a clear."""
+        step = record["step"]
+        seen = self.alarm.steps_seen
+        if step < seen:  # a resumed run logs again the steps after its last logged one: seen once is enough
+            return {}
+        observation = self.alarm.observe(step, record)
+        fields: dict[str, Any] = {"alarm/state": observation.state,
+                                  "alarm/statistic": max(observation.statistics.values(), default=0.0),
+                                  "alarm/threshold": observation.threshold}
+        if observation.raised or observation.cleared:
+            event = {"step": step, "event": "raised" if observation.raised else "cleared",
+                     "trigger": observation.trigger, "statistics": observation.statistics,
+                     "threshold": observation.threshold, "policy_version": record.get("policy_version"),
+                     "reward_version": record.get("reward_version", record.get("reward_version_used")),
+                     "actions": self.actions if observation.raised else []}
+            with self.events.open("a") as out:
+                out.write(json.dumps(event) + "\n")
+            if observation.raised:
+                log.warning("reward-hacking alarm raised at step %d (%s, statistic %.1f > %.1f)%s", step,
+                            observation.trigger, fields["alarm/statistic"], observation.threshold,
+                            f": acting ({', '.join(self.actions)})" if self.actions else " (warn only)")
+            else:
+                log.warning("reward-hacking alarm cleared at step %d", step)
+            fields["alarm/event"] = event["event"]
+        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
+        if self.acting:
+            state[ACTIVE_KEY] = self.actions if self.alarm.alarmed else []
+        self.store.set_state(**state)
+        return fields

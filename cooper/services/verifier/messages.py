@@ -1,0 +1,42 @@
+"""The verifier service's requests and replies as plain dataclasses: what `VerifierClient` takes and returns.
+
+No grpc and no math-verify here, so that callers that only build or read these (the orchestrator's stages, the
+generator) load neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cooper.protos.wire_enum import WireEnum
+
+
+class Verdict(WireEnum):
+    """cooper.verifier.v1.Verdict, the one verdict enum of the checker (rules.py), its pool and the client's callers:
+    a Verdict is sent as it is, and `VerifyResult.verdict` (a number) compares equal to one."""
+
+    CORRECT = 1
+    INCORRECT = 2
+    NO_ANSWER = 3
+    TIMEOUT = 4
+    ERROR = 5
+
+
+@dataclass(frozen=True)
+class VerifyItem:
+    """One completion to check against a reference answer; `id` is echoed in its result."""
+
+    id: str
+    completion: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verdict on one item (results come in the order of the items)."""
+
+    id: str
+    verdict: int  # a `Verdict` value
+    extracted: str = ""  # the raw answer text found in the completion; empty when none
+    ms: float = 0.0  # time spent on the item inside its worker
+    detail: str = ""  # why, for ERROR and TIMEOUT

@@ -1,0 +1,174 @@
+"""The reward-hacking alarm's detector on synthetic signal streams: false-alarm rate, detection delay, hysteresis."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from cooper.evaluation.alarm import AlarmSettings, HackingAlarm, signal_values, threshold_for
+
+SETTINGS = AlarmSettings()  # the defaults a run uses: 30 baseline steps, 400-step runs, 10% false alarms per run
+
+
+def honest_step(rng: random.Random, fpr_shift: float = 0.0, auroc_shift: float = 0.0) -> dict[str, float]:
+    """One step's signals of a run whose reward model is not being exploited (plus optional shifts)."""
+    return {"rm_false_positive_rate": rng.gauss(0.35 + fpr_shift, 0.1), "rm_auroc": rng.gauss(0.8 + auroc_shift, 0.08),
+            "reward_accuracy_gap": rng.gauss(0.1, 0.1)}
+
+
+def first_alarm(stream) -> int | None:  # type: ignore[no-untyped-def]
+    alarm = HackingAlarm(SETTINGS)
+    for step, record in enumerate(stream):
+        if alarm.observe(step, record).raised:
+            return step
+    return None
+
+
+def test_false_alarm_rate_on_honest_runs_is_the_one_asked_for() -> None:
+    # 200 fresh 400-step runs (seeds the calibration never drew): the share with any alarm is within sampling
+    # error (sd ~0.021) of 10%.
+    alarms = 0
+    for seed in range(200):
+        rng = random.Random(f"honest{seed}")
+        alarms += first_alarm([honest_step(rng) for _ in range(400)]) is not None
+    assert 0.02 <= alarms / 200 <= 0.18
+
+
+def test_a_hack_is_caught_within_steps_of_its_start() -> None:
+    # The false-positive rate rises by 1.5 baseline spreads at step 150 (static mode's measured rise is larger:
+    # 0.35 -> 0.46). Median delay about 13 steps; never raised before the shift in more than a few runs.
+    delays, early = [], 0
+    for seed in range(40):
+        rng = random.Random(f"hack{seed}")
+        stream = [honest_step(rng, fpr_shift=0.15 if step >= 150 else 0.0) for step in range(400)]
+        step = first_alarm(stream)
+        assert step is not None, f"seed {seed}: a 1.5-spread shift for 250 steps was never caught"
+        if step < 150:
+            early += 1
+        else:
+            delays.append(step - 150)
+    delays.sort()
+    assert early <= 6
+    assert 5 <= delays[len(delays) // 2] <= 25
+    assert delays[-1] <= 60
+
+
+def test_a_falling_auroc_alone_raises_it() -> None:
+    rng = random.Random("auroc")
+    stream = [honest_step(rng, auroc_shift=-0.2 if step >= 100 else 0.0) for step in range(300)]
+    assert first_alarm(stream) is not None and first_alarm(stream) >= 100  # type: ignore[operator]
+
+
+def test_the_alarm_clears_only_after_the_signal_stays_back_for_clear_steps() -> None:
+    rng = random.Random("clears")
+    alarm, observations = HackingAlarm(SETTINGS), []
+    for step in range(400):
+        hacked = 100 <= step < 160
+        record = honest_step(rng, fpr_shift=0.4 if hacked else 0.0)
+        observations.append(alarm.observe(step, record))
+    raised = [o.step for o in observations if o.raised]
+    cleared = [o.step for o in observations if o.cleared]
+    assert raised and 100 <= raised[0] < 120
+    assert observations[raised[0]].trigger == "rm_false_positive_rate"
+    assert cleared and cleared[0] > 160
+    assert cleared[0] <= 160 + 4 * SETTINGS.clear_steps  # back within a few windows of the cause going away
+    # hysteresis: from raising to clearing every step reads "alarm", even those of the hack's last steps whose
+    # statistic dipped; after clearing, the sums restart from zero
+    assert all(o.state == "alarm" for o in observations[raised[0] : cleared[0]])
+    assert all(value == 0.0 for value in observations[cleared[0]].statistics.values())
+
+
+def test_baseline_steps_report_baseline_and_never_alarm() -> None:
+    alarm = HackingAlarm(SETTINGS)
+    rng = random.Random("baseline")
+    states = [alarm.observe(step, honest_step(rng, fpr_shift=0.5)).state for step in range(SETTINGS.baseline_steps)]
+    assert states == ["baseline"] * SETTINGS.baseline_steps
+
+
+def test_a_resumed_alarm_goes_on_exactly_where_it_stopped() -> None:
+    rng = random.Random("resume")
+    stream = [honest_step(rng, fpr_shift=0.2 if step >= 80 else 0.0) for step in range(200)]
+    whole = HackingAlarm(SETTINGS)
+    expected = [whole.observe(step, record) for step, record in enumerate(stream)]
+    first = HackingAlarm(SETTINGS)
+    for step, record in enumerate(stream[:90]):
+        first.observe(step, record)
+    resumed = HackingAlarm.from_state(SETTINGS, first.state_dict())
+    assert [resumed.observe(step, record) for step, record in enumerate(stream[90:], start=90)] == expected[90:]
+
+
+def test_missing_and_undefined_signals_are_skipped() -> None:
+    # AUROC is None when every rollout is right or every one wrong; rule mode logs no RM signals at all
+    assert signal_values({"rm_auroc": None, "rm_false_positive_rate": float("nan")}) == {}
+    assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 4.0}) == {"reward_accuracy_gap": 0.2}
+    assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 0.5}) == {"reward_accuracy_gap": 0.4}
+    alarm = HackingAlarm(SETTINGS)
+    for step in range(100):
+        assert alarm.observe(step, {"step": step}).state in {"baseline", "clear"}
+
+
+def test_a_stricter_false_alarm_rate_needs_more_evidence() -> None:
+    loose = threshold_for(0.2, 30, 400, 3, 0.5)
+    strict = threshold_for(0.05, 30, 400, 3, 0.5)
+    assert strict > loose > 0
+
+
+@pytest.mark.parametrize("settings", [
+    {"baseline_steps": 1}, {"false_alarm_rate": 0.0}, {"false_alarm_rate": 1.0}, {"drift": 0.0},
+{"clear_steps": 0}, {"run_steps": 10},
+])
+def test_bad_settings_are_refused_with_the_setting_named(settings: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match="|".join(settings)):
+        AlarmSettings(**settings)
+
+
+# ----- the alarm as a run's driver runs it: state in the run's (real) Redis, events in alarms.jsonl ---------------
+
+def _watch_config(mode: str, alarm_mode: str, steps: int = 200):  # type: ignore[no-untyped-def]
+    from cooper.config import load_config
+
+    return load_config(overrides=[f"run.mode={mode}", f"run.steps={steps}", f"alarm.mode={alarm_mode}"])
+
+
+def _records(steps: int, hack_from: int) -> list[dict]:  # type: ignore[type-arg]
+    rng = random.Random("watch")
+    return [{"step": step, "policy_version": step + 1, "reward_version_used": 7,
+             **honest_step(rng, fpr_shift=0.4 if step >= hack_from else 0.0)} for step in range(steps)]
+
+
+def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_path, redis_client, run_id) -> None:
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.run_store import RunStore
+
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
+    assert watch is not None
+    fields = [watch.observe(record) for record in _records(120, hack_from=60)]
+    raised_at = next(i for i, f in enumerate(fields) if f.get("alarm/event") == "raised")
+    assert 60 <= raised_at < 80
+    assert all(f["alarm/state"] == "baseline" for f in fields[:30])
+    events = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
+    assert events[0] == {**events[0], "step": raised_at, "event": "raised", "policy_version": raised_at + 1,
+                         "reward_version": 7, "actions": ["verifier_reward"], "trigger": "rm_false_positive_rate"}
+    assert store.state()[ACTIVE_KEY] == ["verifier_reward"]  # the stages read this while the alarm is up
+
+    # A resumed run (a new driver on the same Redis state) goes on with the same baseline and sums.
+    resumed = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
+    assert resumed is not None and resumed.alarm == watch.alarm
+
+
+def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp_path, redis_client, run_id) -> None:
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.run_store import RunStore
+
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(_watch_config("cooper", "warn"), store, tmp_path)
+    assert watch is not None
+    for record in _records(120, hack_from=60):
+        watch.observe(record)
+    assert (tmp_path / "alarms.jsonl").exists() and ACTIVE_KEY not in store.state()
+    assert AlarmWatch.for_run(_watch_config("rule", "act"), store, tmp_path) is None
+    assert AlarmWatch.for_run(_watch_config("static", "off"), store, tmp_path) is None
+    assert AlarmWatch.for_run(_watch_config("static", "act", steps=30), store, tmp_path) is None
