@@ -44,12 +44,13 @@ from typing import Any
 
 import torch
 
+from cooper.runtime.checkpoint import BackgroundSave, save_checkpoint, snapshot_state
 from cooper.runtime.journal import UpdateJournal
-from cooper.services.policy.checkpoint import BackgroundSave, save_checkpoint, snapshot_state
+from cooper.runtime.models import resolve_model
 from cooper.services.policy.core import journal_record
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample
-from cooper.tiny.models import resolve_model, tiny_tokenizer_dir
+from cooper.tiny.models import tiny_tokenizer_dir
 
 QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
             "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}

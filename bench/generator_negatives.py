@@ -3,7 +3,7 @@
     python bench/generator_negatives.py [--repeats 3] [--llm-extra-tokens 16] [--solutions 64]
 
 Starts `cooper serve verifier` on loopback, then runs `make_negatives` over the 64 example solutions
-(cooper/services/generator/examples.py: `\\boxed{}`, `####`, "The answer is") with
+(cooper/tiny/examples.py: `\\boxed{}`, `####`, "The answer is") with
 - perturb (the baseline: rule-based, no model), and
 - llm with the tiny local transformers model (random weights: its text is nonsense, so its rate measures the
   filter, not a rewriter; with a real assistant this is the number to watch).
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from cooper.config import AssistantConfig, ServerConfig
 from cooper.services.generator.assistant import TransformersAssistant
-from cooper.services.generator.examples import example_tasks
 from cooper.services.generator.negatives import LLMStrategy, RuleStrategy, Strategy, make_negatives, valid_rate
 from cooper.services.generator.server import RemoteVerifier
 from cooper.services.verifier.client import VerifierClient
+from cooper.tiny.examples import example_tasks
 
 
 def start_verifier(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -431,7 +431,7 @@ def main() -> None:
 
     import tempfile
 
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     names = ["service"] + [n for n in args.servers.split(",") if n in SERVERS and n != "service"]
     unknown = [n for n in args.servers.split(",") if n not in SERVERS]

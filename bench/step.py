@@ -78,16 +78,16 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, save_every:
 def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.data import StepData, load_data, prompt_text
     from cooper.orchestrator.stages import step_seed
+    from cooper.runtime.checkpoint import REWARD, save_checkpoint
+    from cooper.runtime.models import resolve_model
     from cooper.services.generator.negatives import Check as NegCheck
     from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.trainer import RolloutSample
-    from cooper.services.reward import checkpoint as rm_checkpoint
-    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, sigmoid
+    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, logit_to_reward
     from cooper.services.verifier.pool import WARM_UP
     from cooper.services.verifier.rules import ReferenceCache, Verdict, check
-    from cooper.tiny.models import resolve_model
 
     mode, vcfg, rcfg, sampling_cfg = config.run.mode, config.verifier, config.reward, config.policy.sampling
     rows, _ = load_data(config)
@@ -141,7 +141,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
             size = rcfg.batching.max_batch_size  # the batcher cuts batches of at most this many items
             for k in range(0, len(tokens), size):
                 logits += rm.logits(tokens[k : k + size], batch_size=len(tokens[k : k + size]))
-            rewards = [(1.0 if sigmoid(x) > 0.5 else 0.0) if rcfg.discrete else sigmoid(x) for x in logits]
+            rewards = [logit_to_reward(x, rcfg.discrete) for x in logits]
         times["score"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -167,8 +167,9 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
             stats = rm.update(prefs)
             rm_updates += 1
             if not stats.skipped and rcfg.save_every and rm.version % rcfg.save_every == 0:
-                rm_checkpoint.save_checkpoint(rm, rcfg.checkpoint_dir, {"version": rm.version, "updates": rm_updates,
-                                              "model": rcfg.model, "tag": "", "results": {}}, rcfg.keep_checkpoints)
+                save_checkpoint(rcfg.checkpoint_dir, rm.model, rm.tokenizer, rm.optimizer_state(),
+                                {"version": rm.version, "updates": rm_updates, "model": rcfg.model, "tag": "",
+                                 "results": {}}, rcfg.keep_checkpoints, layout=REWARD)
             times["reward_update"] = time.perf_counter() - start
             pairs = len(prefs)
 

@@ -10,3 +10,7 @@ __version__ = "0.1.0"
 # error: Bad file descriptor") under the full test suite's load. gRPC reads this when it first initializes, which is
 # after any `import cooper...`; an explicit setting in the environment wins.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+# The tiny preset's model names ("tiny", "tiny-rm", ...) resolve in every process that imports cooper: the preset
+# registers them with cooper.runtime.models, and services resolve names there without importing it.
+import cooper.tiny  # noqa: E402, F401

@@ -168,8 +168,8 @@ def pretrain_reward_model(
     report accuracy on a held-out share before and after (the share is drawn with `seed`)."""
     import torch
 
+    from cooper.runtime.models import resolve_model
     from cooper.services.reward.verify_rm import VerifyRM
-    from cooper.tiny.models import resolve_model
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)

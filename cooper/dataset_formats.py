@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cooper.boxed import last_boxed
+
 
 class DatasetFormatError(ValueError):
     """An input that cannot be converted; the message names the file, the row and the field."""
@@ -48,22 +50,6 @@ class InvalidRow(DatasetFormatError):
 # ----- answer extraction -----
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} (or \\fbox{...}) in `text`, braces balanced; None if there is none."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    depth, begin = 0, text.index("{", start)
-    for position in range(begin, len(text)):
-        if text[position] == "{":
-            depth += 1
-        elif text[position] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin + 1 : position].strip()
-    return None  # unbalanced: no answer rather than half of one
-
-
 def strip_math_delimiters(text: str) -> str:
     """"$x$", "$$x$$", "\\(x\\)", "\\[x\\]" -> "x"; a \\boxed{x} around the whole answer -> "x"."""
     text = text.strip()
@@ -73,7 +59,7 @@ def strip_math_delimiters(text: str) -> str:
         if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right) and "$" not in inner:
             text = inner.strip()
             break
-    boxed = last_boxed(text)
+    boxed = last_boxed(text, fbox=True, strict=True, strip=True)
     if boxed is not None and text.startswith(("\\boxed{", "\\fbox{")) and text.endswith("}"):
         text = boxed
     return text
@@ -150,7 +136,7 @@ def _math500(row: dict[str, Any]) -> tuple[str, str, str | None]:
     answer = _text(row, "answer")
     if answer is None:
         solution = _text(row, "solution")
-        answer = last_boxed(solution) if solution else None
+        answer = last_boxed(solution, fbox=True, strict=True, strip=True) if solution else None
     return (_require(_text(row, "problem"), "'problem'"),
             _require(answer, "'answer' (nor a \\boxed{} in 'solution')"), _text(row, "unique_id"))
 
@@ -171,7 +157,7 @@ def _math_odyssey(row: dict[str, Any]) -> tuple[str, str, str | None]:
         answer = strip_math_delimiters(answer)
     else:
         reasoning = _text(row, "reasoning", "solution")
-        answer = last_boxed(reasoning) if reasoning else None
+        answer = last_boxed(reasoning, fbox=True, strict=True, strip=True) if reasoning else None
     return (_require(_text(row, "question", "problem"), "'question' or 'problem'"),
             _require(answer or None, "'answer' (nor a \\boxed{} in 'reasoning')"), _text(row, "question_id", "id"))
 

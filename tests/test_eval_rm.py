@@ -21,9 +21,9 @@ from cooper.evaluation.rm_bench import (
     verifier_report,
     write_bench,
 )
+from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.verify_rm import VerifyRM
-from cooper.tiny.models import resolve_model
 
 # (answer_type, reference, completion, gold_correct, what real math-verify says)
 ROWS = [

@@ -16,7 +16,7 @@ import torch
 
 from cooper.config import OptimConfig
 from cooper.services.reward.items import ScoreItem
-from cooper.services.reward.verify_rm import VerifyRM, sigmoid
+from cooper.services.reward.verify_rm import VerifyRM, logit_to_reward
 
 MAX_LENGTH = 2048  # reward.max_length's default, as the service runs it
 
@@ -33,7 +33,7 @@ class BenchModel:
     def score_tokens(self, token_lists: list[list[int]]) -> list[dict[str, float]]:
         """One {"score", "logit"} per row, in order; one batch, cut into passes of at most 64 rows (the service's
         reward.batching.max_batch_size)."""
-        return [{"score": sigmoid(x), "logit": x} for x in self.rm.logits(token_lists, 64)]
+        return [{"score": logit_to_reward(x), "logit": x} for x in self.rm.logits(token_lists, 64)]
 
     def score(self, items: list[dict[str, Any]]) -> list[dict[str, float]]:
         return self.score_tokens(self.encode(items))

@@ -222,15 +222,15 @@ def score_with_reward_model(config: Any, items: Sequence[BenchItem]) -> tuple[li
         return list(result.scores), result.version
     import torch
 
-    from cooper.services.reward.verify_rm import VerifyRM, sigmoid
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
+    from cooper.services.reward.verify_rm import VerifyRM, logit_to_reward
 
     if reward.torch_threads:
         torch.set_num_threads(reward.torch_threads)
     rm = VerifyRM.load(resolve_model(reward.model, "reward"), reward.optim, reward.max_length, reward.device,
                        reward.dtype)
     logits = rm.logits(rm.encode(score_items), reward.batching.max_batch_size, reward.batching.max_tokens)
-    return [sigmoid(x) for x in logits], None
+    return [logit_to_reward(x) for x in logits], None
 
 
 def verify_with_rules(config: Any, items: Sequence[BenchItem]) -> list[str]:

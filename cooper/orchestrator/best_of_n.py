@@ -72,12 +72,12 @@ def sample_and_judge(config: CooperConfig, policy_models: Sequence[str], samples
     names or directories) on the first test benchmark's first `max_problems` problems. The data and the initial
     VerifyRM are loaded once for all of them."""
     from cooper.orchestrator.data import load_data, prompt_text
+    from cooper.runtime.models import resolve_model
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.reward.items import ScoreItem
     from cooper.services.reward.verify_rm import VerifyRM
     from cooper.services.verifier.rules import Verdict, check
-    from cooper.tiny.models import resolve_model
 
     _, tests = load_data(config)
     benchmark, rows = next(iter(tests.items()))

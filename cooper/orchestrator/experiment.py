@@ -249,7 +249,7 @@ def exploit_report(config: CooperConfig, final_runs: Mapping[str, Path], samples
     """What each mode's final policy writes, judged by the initial VerifyRM and the verifier: the samples of the
     trained policy that the initial RM scores highest although the verifier says they are wrong (the exploit)."""
     from cooper.orchestrator.best_of_n import sample_and_judge, top_scored_wrong
-    from cooper.services.policy.checkpoint import latest_checkpoint
+    from cooper.runtime.checkpoint import latest_checkpoint
 
     lines = ["# What the trained policies write, judged by the initial VerifyRM", "",
              f"{samples} samples per problem on {max_problems} test problems from each mode's final policy (first "
@@ -282,7 +282,7 @@ def provenance(config: CooperConfig) -> dict[str, Any]:
 
     import torch
 
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     def digest(model: str, kind: str) -> str:
         weights = sorted(Path(resolve_model(model, kind)).glob("*.safetensors"))

@@ -100,13 +100,13 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
     model too when `reward`, by default when the mode uses one). A service at an address (compose, Kubernetes)
     builds its own, in its own cache: doing it here too cost every orchestrator start a minute or more of CPU
     for models nothing here reads."""
-    from cooper.tiny.models import TINY_NAMES, resolve_model
+    from cooper.runtime.models import builds_locally, resolve_model
 
     wanted = [(config.policy.model, "causal")] if not config.policy.server.address else []
     if (reward or (reward is None and config.run.mode != "rule")) and not config.reward.server.address:
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
-        if name in TINY_NAMES:
+        if builds_locally(name):
             log.info("preparing tiny model %s (cached after the first run)", name)
             resolve_model(name, kind)
 

@@ -280,13 +280,13 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     """The reward model's current version against the human labels of eval.rm_benchmark_path: accuracy (score >
     0.5 says correct) and AUROC. One Score call, so every score comes from the one version it reports; in cooper
     mode that is v_t or v_{t+1}, whichever the reward service holds when evaluation runs beside reward_update(t)."""
-    from cooper.services.reward.verify_rm import sigmoid
+    from cooper.services.reward.verify_rm import logit_to_reward
 
     items = [ScoreItem(i.question, i.reference, i.completion) for i in ctx.rm_bench]
     scored = ctx.client("reward").score(items)
     # The probabilities, from the logits: with reward.discrete the scores are 0/1, which keeps accuracy but ties
     # every AUROC comparison.
-    probabilities = [sigmoid(logit) for logit in scored.logits] if scored.logits else list(scored.scores)
+    probabilities = [logit_to_reward(logit) for logit in scored.logits] if scored.logits else list(scored.scores)
     report = reward_model_report(ctx.rm_bench, probabilities)
     return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version}
 

@@ -1,4 +1,8 @@
-"""Where a service's model runs: one rule for every service's `device` and `dtype` settings."""
+"""Where a service's model runs: one rule for every service's `device` and `dtype` settings.
+
+`dtype` names the compute dtype. A model that trains keeps float32 weights and optimizer state and runs its forward
+passes under autocast in that dtype (resolve_autocast); a model that only runs forward passes is loaded in it.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def resolve_autocast(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of a model that trains (its weights stay float32); None when it computes in float32."""
+    compute = resolve_dtype(name, device)
+    return None if compute == torch.float32 else compute
+
+
+def rank_device(name: str, rank: int, key: str = "device") -> torch.device:
+    """The device of training rank `rank`: on CUDA the rank's own GPU, else the one device `name` resolves to."""
+    device = resolve_device(name, key)
+    return torch.device("cuda", rank) if device.type == "cuda" else device

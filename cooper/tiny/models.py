@@ -1,18 +1,18 @@
 """Tiny tokenizer and Qwen2-architecture models, built on the spot and cached on disk.
 
 They are saved with `save_pretrained` and loaded back with the same `from_pretrained` code that loads hub models,
-so the real loading path is what tests exercise. Builds go to a temp directory and are renamed into place, so
-several processes may ask for them at once.
+so the real loading path is what tests exercise. Builds go through cooper.runtime.models.build_once (a temp
+directory renamed into place), so several processes may ask for them at once. cooper/tiny/__init__.py registers
+their names with cooper.runtime.models.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from cooper.runtime.models import build_once, cache_root
 from cooper.tiny.task import make_split, wrong_solution
 
 TINY_VERSION = "v8"  # bump when a builder or the prompt changes, so caches are not reused (v8: RM negatives)
@@ -24,28 +24,9 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 
-def cache_root() -> Path:
-    """$COOPER_CACHE, else ~/.cache/cooper."""
-    return Path(os.environ.get("COOPER_CACHE", Path.home() / ".cache" / "cooper"))
-
-
-def _build_once(name: str, build) -> Path:  # type: ignore[no-untyped-def]
-    target = cache_root() / "tiny" / TINY_VERSION / name
-    if (target / ".complete").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        build(tmp)
-        (tmp / ".complete").touch()
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            if not (target / ".complete").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+def build_tiny(name: str, build: Callable[[Path], None]) -> Path:
+    """The tiny preset's model `name`, built once into the cache of this TINY_VERSION."""
+    return build_once(cache_root() / "tiny" / TINY_VERSION / name, build)
 
 
 def _corpus() -> list[str]:
@@ -81,7 +62,7 @@ def tiny_tokenizer_dir() -> Path:
         fast.padding_side = "left"
         fast.save_pretrained(out)
 
-    return _build_once("tokenizer", build)
+    return build_tiny("tokenizer", build)
 
 
 # name -> (hidden, intermediate, layers, heads, kv heads). "small" (~4M parameters) is for benchmarks where the
@@ -116,54 +97,28 @@ def _build_model(kind: str, out: Path, size: str = "tiny") -> None:
 
 def tiny_causal_lm_dir() -> Path:
     """A randomly initialised 2-layer Qwen2 causal LM (about 0.1M parameters) with its tokenizer."""
-    return _build_once("causal-lm", lambda out: _build_model("causal", out))
+    return build_tiny("causal-lm", lambda out: _build_model("causal", out))
 
 
 def tiny_reward_model_dir() -> Path:
     """A randomly initialised 2-layer Qwen2 sequence classifier with one output, with its tokenizer."""
-    return _build_once("reward-model", lambda out: _build_model("reward", out))
+    return build_tiny("reward-model", lambda out: _build_model("reward", out))
 
 
 def small_model_dir(kind: str) -> Path:
     """A randomly initialised 4-layer, 256-wide Qwen2 of `kind` ("causal" or "reward"), with the tiny tokenizer."""
-    return _build_once(f"small-{kind}", lambda out: _build_model(kind, out, "small"))
+    return build_tiny(f"small-{kind}", lambda out: _build_model(kind, out, "small"))
 
 
 def tiny_hd32_model_dir(kind: str) -> Path:
     """A randomly initialised 2-layer Qwen2 of `kind` like "tiny" but with head_dim 32 (what vLLM's CPU build runs)."""
-    return _build_once(f"tiny-hd32-{kind}", lambda out: _build_model(kind, out, "tiny-hd32"))
+    return build_tiny(f"tiny-hd32-{kind}", lambda out: _build_model(kind, out, "tiny-hd32"))
 
 
-TINY_NAMES = ("tiny", "tiny-sft", "tiny-rm", "small", "tiny-hd32", "tiny-sft-hd32")
-
-
-def resolve_model(name: str, kind: str) -> str:
-    """A tiny model name -> its locally built directory; anything else (hub id, local path) as given.
-
-    "tiny" is a random tiny model of `kind` ("causal" or "reward"), "small" a random 4-layer 256-wide one,
-    "tiny-hd32" a random tiny one with head_dim 32 (vLLM's CPU build), "tiny-sft-hd32" its warm start;
-    "tiny-sft" the warm-started policy and "tiny-rm" the pretrained VerifyRM of the tiny preset (warm_start.py).
-    """
-    if name == "tiny-sft":
-        from cooper.tiny.warm_start import tiny_sft_policy_dir
-
-        return str(tiny_sft_policy_dir())
-    if name == "tiny-sft-hd32":
-        from cooper.tiny.warm_start import tiny_sft_hd32_policy_dir
-
-        return str(tiny_sft_hd32_policy_dir())
-    if name == "tiny-rm":
-        from cooper.tiny.warm_start import tiny_pretrained_rm_dir
-
-        return str(tiny_pretrained_rm_dir())
-    if name == "small":
-        return str(small_model_dir(kind))
-    if name == "tiny-hd32":
-        return str(tiny_hd32_model_dir(kind))
-    if name != "tiny":
-        return name
+def tiny_model_dir(kind: str) -> Path:
+    """The random tiny model of `kind`: "causal" (tiny_causal_lm_dir) or "reward" (tiny_reward_model_dir)."""
     if kind == "causal":
-        return str(tiny_causal_lm_dir())
+        return tiny_causal_lm_dir()
     if kind == "reward":
-        return str(tiny_reward_model_dir())
+        return tiny_reward_model_dir()
     raise ValueError(f"unknown tiny model kind {kind!r}; expected 'causal' or 'reward'")

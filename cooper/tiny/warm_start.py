@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from cooper.tiny.models import _build_once, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
+from cooper.tiny.models import build_tiny, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
 from cooper.tiny.task import bare_answer, carried_error_solution, make_split, wrong_solution
 
 # 2,000 steps: at 800 (v6's) the two-step worked solutions were right 24% of the time, at 2,000 83% (held-out) and
@@ -125,13 +125,13 @@ def _pretrain_rm(out: Path) -> None:
 
 
 def tiny_sft_policy_dir() -> Path:
-    return _build_once("policy-sft", _sft)
+    return build_tiny("policy-sft", _sft)
 
 
 def tiny_sft_hd32_policy_dir() -> Path:
     """The same SFT warm start on the tiny model with head_dim 32 ("tiny-hd32"), which vLLM's CPU build runs."""
-    return _build_once("policy-sft-hd32", lambda out: _sft(out, tiny_hd32_model_dir("causal")))
+    return build_tiny("policy-sft-hd32", lambda out: _sft(out, tiny_hd32_model_dir("causal")))
 
 
 def tiny_pretrained_rm_dir() -> Path:
-    return _build_once("reward-pretrained", _pretrain_rm)
+    return build_tiny("reward-pretrained", _pretrain_rm)

@@ -8,7 +8,6 @@ import pytest
 
 from cooper.config import AssistantConfig
 from cooper.services.generator.assistant import AssistantError, ChatRequest, OpenAIAssistant, TransformersAssistant
-from cooper.services.generator.examples import example_tasks
 from cooper.services.generator.judge import JudgeTask, Judgment, judge, parse_judgment
 from cooper.services.generator.negatives import (
     LLMStrategy,
@@ -18,6 +17,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
     valid_rate,
 )
+from cooper.tiny.examples import example_tasks
 
 
 def assert_bookkeeping(outcomes: list[NegativeOutcome], tasks: list[NegativeTask], attempts: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from cooper.services.generator.examples import example_tasks
 from cooper.services.generator.judge import Judgment, parse_judgment
 from cooper.services.generator.negatives import (
     REWRITE_SYSTEM_PROMPT,
@@ -16,6 +15,7 @@ from cooper.services.generator.negatives import (
     rejection_reason,
 )
 from cooper.services.generator.perturb import final_answer, perturb, wrong_number
+from cooper.tiny.examples import example_tasks
 
 
 def test_perturb_changes_the_answer_and_its_line_only():

@@ -11,7 +11,7 @@ import pytest
 from cooper.config import ServerConfig
 from cooper.runtime.client import ServiceUnavailable
 from cooper.services.generator.client import GeneratorClient, JudgeItem, Judgment, NegativeItem
-from cooper.services.generator.examples import example_tasks
+from cooper.tiny.examples import example_tasks
 
 
 @pytest.fixture

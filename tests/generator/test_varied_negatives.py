@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from cooper.services.generator.examples import example_tasks
 from cooper.services.generator.negatives import RuleStrategy, make_negatives, valid_rate
 from cooper.services.generator.varied import bare, early_stop, varied
+from cooper.tiny.examples import example_tasks
 from cooper.tiny.task import make_split
 
 WORKED = "We compute 7 + 5 = 12, then 12 - 3 = 9. The answer is \\boxed{9}."

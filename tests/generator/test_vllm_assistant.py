@@ -29,7 +29,7 @@ def train_rewriter(out: Path) -> Path:
     """The tiny-hd32 causal LM fitted to answer the rewrite prompt of QUESTION with WRONG; saved to `out`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     path = resolve_model("tiny-hd32", "causal")
     tokenizer = AutoTokenizer.from_pretrained(path)

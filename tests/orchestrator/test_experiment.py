@@ -101,7 +101,7 @@ def test_results_name_the_initial_models_and_the_cpu_kernels():
 
     from cooper.config import load_config
     from cooper.orchestrator.experiment import provenance
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     config = load_config(None, ["policy.model=tiny", "reward.model=tiny"])
     found = provenance(config)

@@ -188,11 +188,11 @@ def test_resume_existing_finds_a_started_run_only(tmp_path):
 def test_prepare_models_builds_only_for_services_this_run_starts(monkeypatch):
     """Under compose or Kubernetes the services build their own tiny models; the orchestrator must not (it cost
     every orchestrator container start a minute of CPU, in a cache no service reads)."""
-    import cooper.tiny.models as tiny
+    import cooper.runtime.models as models
     from cooper.orchestrator.launch import prepare_models
 
     built: list[tuple[str, str]] = []
-    monkeypatch.setattr(tiny, "resolve_model", lambda name, kind: built.append((name, kind)) or name)
+    monkeypatch.setattr(models, "resolve_model", lambda name, kind: built.append((name, kind)) or name)
     tree = {"policy": {"model": "tiny-sft"}, "reward": {"model": "tiny-rm"}}
     prepare_models(CooperConfig.model_validate(tree))
     assert built == [("tiny-sft", "causal"), ("tiny-rm", "reward")]

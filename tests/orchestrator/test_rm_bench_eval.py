@@ -16,10 +16,10 @@ from cooper.orchestrator.graph import Job, StepGraph
 from cooper.orchestrator.run import rm_benchmark, step_record
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stages import StageContext
+from cooper.runtime.models import resolve_model
 from cooper.runtime.processes import start_service
 from cooper.services.reward.items import PreferencePair, ScoreItem
 from cooper.services.reward.verify_rm import VerifyRM
-from cooper.tiny.models import resolve_model
 from cooper.tiny.task import make_split, wrong_solution
 
 

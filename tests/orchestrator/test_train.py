@@ -21,9 +21,9 @@ from cooper.config import OptimConfig
 from cooper.evaluation.rm_bench import reward_model_report, tiny_bench
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.outputs import read_metrics
+from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.verify_rm import VerifyRM
-from cooper.tiny.models import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["eval.every=4", "eval.k=1", "eval.max_problems=8", "run.batch_size=8"]

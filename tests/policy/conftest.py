@@ -24,7 +24,7 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
-    from cooper.tiny.models import resolve_model
+    from cooper.runtime.models import resolve_model
 
     return resolve_model("tiny", "causal")
 

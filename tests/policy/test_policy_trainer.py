@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from cooper.config import PolicyConfig
+from cooper.runtime.checkpoint import complete_checkpoints
 from cooper.runtime.journal import UpdateJournal
-from cooper.services.policy.checkpoint import complete_checkpoints
 from cooper.services.policy.core import JOURNAL_DIR, PolicyCore
 from cooper.services.policy.engine import Completion, SamplingParams
 from cooper.services.policy.grpo import LossSettings

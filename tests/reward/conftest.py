@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cooper.config import OptimConfig
+from cooper.runtime.models import resolve_model
 from cooper.services.reward.verify_rm import VerifyRM
-from cooper.tiny.models import resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -197,7 +197,7 @@ def test_get_reward_without_labels_takes_the_reference_from_the_template_in_the_
 
 
 def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
-    from cooper.services.reward.verify_rm import format_input, sigmoid
+    from cooper.services.reward.verify_rm import format_input, logit_to_reward
 
     items = tiny_items(3, seed=7)
     texts = [format_input(i.question, i.reference, i.completion) for i in items]
@@ -218,7 +218,7 @@ def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
     raw = httpx.post(f"{served.url}/classify", json={"model": "m", "input": texts[0], "activation": False},
                      headers=auth()).json()
     assert abs(raw["data"][-1]["probs"][-1] - direct[0][1]) <= 1e-5
-    assert abs(sigmoid(raw["data"][-1]["probs"][-1]) - direct[0][0]) <= 1e-5
+    assert abs(logit_to_reward(raw["data"][-1]["probs"][-1]) - direct[0][0]) <= 1e-5
     data = assert_error(httpx.post(f"{served.url}/classify", json={"input": ["hello"]}, headers=auth()), 422,
                         "invalid_request")
     assert "<reference_answer>" in data["error"]["message"]
@@ -243,11 +243,11 @@ class RecordingTransport:
 
 
 def test_a_response_head_and_body_go_out_in_one_write() -> None:
-    from cooper.services.reward.http import _CoalescingTransport
+    from cooper.services.reward.http import CoalescingTransport
 
     async def respond() -> RecordingTransport:
         inner = RecordingTransport()
-        transport = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
         transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
         transport.write(b"{}")
         assert inner.calls == []  # not yet: at the end of this loop iteration

@@ -16,8 +16,9 @@ import pytest
 from reward_testkit import make_config, start_reward_processes, stop_processes, tiny_items, tiny_pairs
 
 from cooper.config import ReplicaConfig, ServerConfig
+from cooper.runtime import checkpoint
+from cooper.runtime.checkpoint import REWARD
 from cooper.runtime.client import ServiceUnavailable
-from cooper.services.reward import checkpoint
 from cooper.services.reward.client import RewardClient
 from cooper.services.reward.core import RewardCore
 from cooper.services.reward.replica import judge
@@ -108,8 +109,8 @@ def plant_checkpoint(root: Path, source: Path, version: int, corrupt: bool) -> P
     weights = tmp / "model.safetensors"
     if corrupt:
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    state = checkpoint.read_state(tmp) | {"version": version, "updates": version}
-    (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state))
+    state = checkpoint.read_state(tmp, REWARD) | {"version": version, "updates": version}
+    (tmp / REWARD.state_file).write_text(json.dumps(state))
     target = root / checkpoint.checkpoint_name(version, version)
     tmp.rename(target)
     return target

@@ -12,8 +12,8 @@ from bf16_checks import assert_update_like_float32, delta, weights
 from reward_testkit import tiny_items, tiny_pairs
 
 from cooper.config import OptimConfig
+from cooper.runtime.models import resolve_model
 from cooper.services.reward.verify_rm import VerifyRM
-from cooper.tiny.models import resolve_model
 
 RM_LOGIT_TOLERANCE = 0.1
 """Largest |logit_bf16 - logit_fp32| of a VerifyRM score (tiny RM logits are O(1); measured: 0.039)."""

@@ -10,7 +10,8 @@ import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.config import BatchingConfig
-from cooper.services.reward import checkpoint
+from cooper.runtime import checkpoint
+from cooper.runtime.checkpoint import REWARD
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
 from cooper.services.reward.service import RewardService, idempotency_key
 from cooper.services.reward.verify_rm import plan_batches
@@ -111,9 +112,9 @@ def test_checkpoints_are_atomic_pruned_and_saved_on_stop(tmp_path: Path) -> None
         await service.stop()  # version 5 is unsaved: save_on_stop writes it
 
     asyncio.run(main())
-    names = [path.name for path in checkpoint.list_checkpoints(root)]
+    names = [path.name for path in checkpoint.complete_checkpoints(root, REWARD)]
     assert names == ["v00000004-u00000004", "v00000005-u00000005"]  # every 2 updates, on stop, keep 2
-    assert checkpoint.read_state(root / names[-1])["tag"] == "stop"
+    assert checkpoint.read_state(root / names[-1], REWARD)["tag"] == "stop"
 
 
 def test_scores_never_mix_versions_while_updates_run(tmp_path: Path) -> None:

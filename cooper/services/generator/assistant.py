@@ -20,6 +20,7 @@ from itertools import groupby
 from typing import Any, Protocol
 
 from cooper.config import AssistantConfig
+from cooper.runtime.models import resolve_model
 
 log = logging.getLogger("cooper.generator")
 
@@ -52,11 +53,9 @@ class TransformersAssistant:
     def __init__(self, config: AssistantConfig):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from cooper.tiny.models import resolve_model
-
-        path = resolve_model(config.model, "causal")
         from cooper.runtime.devices import resolve_device, resolve_dtype
 
+        path = resolve_model(config.model, "causal")
         target = resolve_device(config.device, "generator.assistant.device")
         self.device = str(target)
         self.batch_size = config.concurrency
@@ -131,7 +130,6 @@ class VLLMAssistant:
     def __init__(self, config: AssistantConfig):
         from cooper.runtime.devices import resolve_device, resolve_dtype
         from cooper.runtime.vllm_support import engine_arguments, import_vllm, prepare_environment, random_state_kept
-        from cooper.tiny.models import resolve_model
 
         prepare_environment(in_process=True)
         try:

@@ -9,12 +9,12 @@ annotator drops those triples.
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cooper.services.generator.assistant import Assistant, ChatRequest
+from cooper.services.generator.messages import Judgment
 
 JUDGE_PROMPT = """You check whether a solution's final result agrees with a reference answer.
 
@@ -39,14 +39,6 @@ _VERDICT = re.compile(
     r"final\s+judge?ment\s*[:：]?[\s*_`]*(?:\\boxed\s*\{\s*|\\text\s*\{\s*|\[\s*)*(yes|no)(?![a-z])",
     re.IGNORECASE,
 )
-
-
-class Judgment(enum.Enum):
-    """Names equal the proto enum cooper.generator.v1.Judgment."""
-
-    YES = "YES"
-    NO = "NO"
-    UNKNOWN = "UNKNOWN"
 
 
 @dataclass(frozen=True)

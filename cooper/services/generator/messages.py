@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cooper.protos.generator.v1 import generator_pb2
+from cooper.protos.wire_enum import WireEnum
 
-Judgment = generator_pb2.Judgment
-"""The judge's answer enum (`Judgment.Value("YES")`, `Judgment.Name(value)`); `JudgeResult.verdict` holds its
-value."""
+
+class Judgment(WireEnum):
+    """cooper.generator.v1.Judgment, the one enum of the judge (judge.py) and the client's callers: a Judgment is
+    sent as it is, and `JudgeResult.verdict` (a number) compares equal to one."""
+
+    YES = 1
+    NO = 2
+    UNKNOWN = 3
 
 
 @dataclass(frozen=True)

@@ -15,31 +15,13 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from cooper.boxed import Span, boxed_spans
+
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_IS = re.compile(r"answer is[:\s]*([^\n]*)", re.IGNORECASE)
 _NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?!\d)|\d+(?:\.\d+)?")
 _DELTAS: list[int | None] = [1, -1, 2, -2, 3, 10, -10, None, -3, 5]  # None doubles
-
-
-@dataclass(frozen=True)
-class Span:
-    start: int
-    end: int
-
-
-def _boxed_spans(text: str) -> list[Span]:
-    spans = []
-    for match in _BOXED.finditer(text):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            spans.append(Span(match.end(), i - 1))
-    return spans
 
 
 def _trimmed(text: str, start: int, end: int) -> Span:
@@ -53,7 +35,7 @@ def _trimmed(text: str, start: int, end: int) -> Span:
 
 def answer_style(text: str) -> str | None:
     """How a solution states its final answer: "boxed", "hashes" (`#### x`), "answer is", or None (a bare number)."""
-    if _boxed_spans(text):
+    if boxed_spans(text):
         return "boxed"
     if _HASHES.search(text):
         return "hashes"
@@ -64,7 +46,7 @@ def answer_style(text: str) -> str | None:
 
 def answer_spans(text: str) -> list[Span]:
     """Every final-answer statement's content, in text order; the last one is what a verifier extracts."""
-    boxed = _boxed_spans(text)
+    boxed = boxed_spans(text)
     others = [_trimmed(text, m.start(1), m.end(1)) for rx in (_HASHES, _ANSWER_IS) for m in rx.finditer(text)]
     # "The answer is \boxed{7}." holds a box: keep the box, not the phrase around it.
     others = [s for s in others if s.end > s.start and not any(b.start >= s.start and b.end <= s.end + 1 for b in boxed)]
@@ -73,7 +55,7 @@ def answer_spans(text: str) -> list[Span]:
 
 def final_answer(text: str) -> Span | None:
     """The span the verifier would read: the last box, else the last `####`, else the last "answer is"."""
-    boxed = _boxed_spans(text)
+    boxed = boxed_spans(text)
     if boxed:
         return boxed[-1]
     spans = answer_spans(text)

@@ -102,7 +102,7 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         except AssistantError as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         return generator_pb2.JudgeResponse(
-            results=[generator_pb2.JudgeResult(verdict=generator_pb2.Judgment.Value(v.name), raw=raw)
+            results=[generator_pb2.JudgeResult(verdict=v, raw=raw)
                      for v, raw in verdicts]
         )
 

@@ -29,9 +29,7 @@ import torch
 from transformers import AutoTokenizer
 
 from cooper.config import PolicyConfig
-from cooper.runtime.devices import resolve_device
-from cooper.runtime.journal import UpdateJournal
-from cooper.services.policy.checkpoint import (
+from cooper.runtime.checkpoint import (
     BackgroundSave,
     checkpoint_name,
     latest_checkpoint,
@@ -41,17 +39,19 @@ from cooper.services.policy.checkpoint import (
     save_checkpoint,
     snapshot_state,
 )
+from cooper.runtime.devices import resolve_autocast, resolve_device
+from cooper.runtime.journal import UpdateJournal
+from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.errors import RankFailure, RanksRestarted
 from cooper.services.policy.messages import TrainResult
-from cooper.services.policy.models import load_causal_lm, load_reference, resolve_autocast
+from cooper.services.policy.models import load_reference
 from cooper.services.policy.trainer import (
     GRPOTrainer,
     RolloutSample,
     rollout_samples,
     rollout_tensors,
 )
-from cooper.tiny.models import resolve_model
 
 JOURNAL_DIR = "journal"
 """The update journal's directory inside policy.checkpoint_dir."""

@@ -1,4 +1,5 @@
-"""Loading the policy's models: the weights to train, the frozen reference, and the dtype forward passes run in.
+"""Loading the policy's frozen reference (the weights to train load with cooper.runtime.models.load_causal_lm, the
+dtype forward passes run in comes from cooper.runtime.devices.resolve_autocast).
 
 Shared by the service process (`core.py`) and the training ranks it spawns (`ranks.py`), which load the same
 models for their shards.
@@ -9,27 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from cooper.config import PolicyConfig
-
-
-def resolve_autocast(dtype: str, device: torch.device) -> torch.dtype | None:
-    """None = plain float32; else the autocast dtype (weights stay float32, see config.PolicyConfig.dtype)."""
-    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    return None
-
-
-def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> Any:
-    try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except OSError as err:
-        raise RuntimeError(
-            f"cannot load a causal LM from {path!r} ({err}); set policy.model to a local model directory, a "
-            "Hub id available offline, or 'tiny'"
-        ) from err
-    return model.to(device).eval()
+from cooper.runtime.models import load_causal_lm
 
 
 def load_reference(cfg: PolicyConfig, initial_path: str, autocast: torch.dtype | None, device: torch.device

@@ -37,9 +37,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from cooper.config import PolicyConfig
-from cooper.services.policy.checkpoint import OPTIMIZER_FILE
+from cooper.runtime.checkpoint import OPTIMIZER_FILE
+from cooper.runtime.devices import rank_device, resolve_autocast
+from cooper.runtime.models import load_causal_lm
 from cooper.services.policy.errors import RankFailure
-from cooper.services.policy.models import load_causal_lm, load_reference, resolve_autocast
+from cooper.services.policy.models import load_reference
 from cooper.services.policy.sharded import RankTrainer, shard_model, split_batch
 from cooper.services.policy.trainer import PolicyUpdater, RolloutSample
 
@@ -57,11 +59,6 @@ class RankSpec:
     checkpoint: str | None  # where the optimizer state comes from; None = fresh
     pad_id: int
     store_port: int = 0
-
-
-def rank_device(cfg: PolicyConfig, rank: int) -> torch.device:
-    device = torch.device(cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    return torch.device("cuda", rank) if device.type == "cuda" else device
 
 
 def load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
@@ -110,7 +107,7 @@ def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
     try:
         if spec.cfg.torch_threads:
             torch.set_num_threads(spec.cfg.torch_threads)
-        device = rank_device(spec.cfg, rank)
+        device = rank_device(spec.cfg.device, rank, "policy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)
         models = load_models(spec, device)
@@ -181,7 +178,7 @@ class RankGroup(PolicyUpdater):
                 process.start()
                 child.close()
                 self.workers.append((rank, process, parent))
-            device = rank_device(self.cfg, 0)
+            device = rank_device(self.cfg.device, 0, "policy.device")
             models = load_models(spec, device)
             self._collect("loaded", "start")  # a rank that fails to load fails the start here, before any collective
             self.local = self._on_rank0(join_group, spec, 0, store, device, models)

@@ -1,0 +1,18 @@
+"""The reward service: VerifyRM scores (question, reference, completion) triples and learns from preference pairs.
+
+Where things are, from the outside in:
+
+- `server.py`: gRPC (Score, Update, Info, Save) and `cooper serve reward`, which also starts the HTTP API.
+- `http.py` (FastAPI routes, uvicorn) over `handler.py` (the HTTP logic, no FastAPI) and `protocol.py` (its
+  request and response models).
+- `errors.py`: every refusal and its gRPC status and HTTP status, one table for both transports.
+- `service.py`: RewardService, what both transports call: tokenizes, queues, keeps the version and the metrics.
+- `batcher.py`: the queue in front of the model; cuts batches, runs updates and saves between them.
+- `runner.py`: where the model runs (a thread, or a child process); `runner.apply_update(...)` and the other typed
+  methods run the RewardCore method of the same name there.
+- `core.py`: RewardCore, the model's state: versions, idempotency keys, replay, checkpoints.
+- `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update, `logit_to_reward`
+  (the one rule from a logit to a reward).
+- `replica.py`: a read replica, following the trainer's checkpoints (cooper/runtime/checkpoint.py, REWARD).
+- `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client.
+"""

@@ -136,10 +136,9 @@ class Batcher:
             )
         if self._queued_items + len(items) > self.config.max_queue:
             REJECTED.labels("queue_full").inc()
-            raise QueueFull(
-                f"scoring queue full ({self._queued_items} items waiting, max {self.config.max_queue})",
-                self._retry_after(),
-            )
+            retry_after_s = self._retry_after()
+            raise QueueFull(f"scoring queue full ({self._queued_items} items waiting, max {self.config.max_queue}); "
+                            f"retry after {retry_after_s} s", retry_after_s)
         future: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(items, future, time.monotonic(), logits=[0.0] * len(items)))
         self._queued_items += len(items)

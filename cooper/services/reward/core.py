@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from cooper.config import RewardConfig
-from cooper.services.reward import checkpoint
+from cooper.runtime import checkpoint
+from cooper.runtime.checkpoint import REWARD
+from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 from cooper.services.reward.verify_rm import VerifyRM
 
@@ -73,23 +75,21 @@ class RewardCore:
         """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0. A replica
         leaves the directory alone (no clean-up of the trainer's partial saves), skips the optimizer state, and
         falls back to an older checkpoint when the newest does not load (the trainer may delete it meanwhile)."""
-        from cooper.tiny.models import resolve_model
-
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         replica = config.role == "replica"
         if not replica:
-            checkpoint.remove_partial(config.checkpoint_dir)
-        candidates = checkpoint.list_checkpoints(config.checkpoint_dir)[::-1]
+            checkpoint.remove_partial_checkpoints(config.checkpoint_dir)
+        candidates = checkpoint.complete_checkpoints(config.checkpoint_dir, REWARD)[::-1]
         if not replica:
             candidates = candidates[:1]
         for latest in candidates:
             try:
                 rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype,
                                    trains=not replica)
-                state = checkpoint.read_state(latest)
+                state = checkpoint.read_state(latest, REWARD)
                 if not replica:
-                    checkpoint.load_optimizer(rm, latest)
+                    rm.load_optimizer_state(checkpoint.read_optimizer_state(latest, rm.device))
             except Exception as err:
                 if latest == candidates[-1] or not replica:
                     raise
@@ -140,7 +140,9 @@ class RewardCore:
             "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
             "replay": [[asdict(pair) for pair in update] for update in self._replay],
         }
-        path = checkpoint.save_checkpoint(self.rm, self.config.checkpoint_dir, state, self.config.keep_checkpoints)
+        path = checkpoint.save_checkpoint(self.config.checkpoint_dir, self.rm.model, self.rm.tokenizer,
+                                          self.rm.optimizer_state(), state, self.config.keep_checkpoints,
+                                          layout=REWARD)
         self.checkpoint_path = str(path)
         self._saved_state = (self.rm.version, self.updates)
         log.info("reward checkpoint written: %s", path)
@@ -188,7 +190,7 @@ class RewardCore:
     def _read_checkpoint(self, path: str) -> tuple[str, dict[str, Any], dict[str, torch.Tensor]]:
         """The state and weights of a checkpoint, checked against the model: every tensor present with its shape
         (tied tensors may be saved once), nothing unknown; so that the swap cannot fail half-way."""
-        state = checkpoint.read_state(path)
+        state = checkpoint.read_state(path, REWARD)
         tensors = checkpoint.read_weights(path)
         own = self.rm.model.state_dict()
         unknown = sorted(set(tensors) - set(own))

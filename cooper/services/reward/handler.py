@@ -15,11 +15,10 @@ import prometheus_client
 
 from cooper.config import HttpConfig
 from cooper.services.reward import protocol
-from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.errors import REFUSED, refusal, retry_after_s
 from cooper.services.reward.items import ScoreItem, ScoreResult
-from cooper.services.reward.runner import ModelUnavailable
-from cooper.services.reward.service import ReplicaStale, RewardService
-from cooper.services.reward.verify_rm import parse_input, sigmoid
+from cooper.services.reward.service import RewardService
+from cooper.services.reward.verify_rm import logit_to_reward, parse_input
 
 
 class ApiError(Exception):
@@ -69,16 +68,9 @@ class RewardHttpHandler:
         try:
             self.service.check_fresh()
             return await self.service.score(items)
-        except ReplicaStale as err:
-            raise ApiError(503, "stale", str(err), err.retry_after_s) from None
-        except QueueFull as err:
-            raise ApiError(503, "overloaded", f"{err}; retry after {err.retry_after_s} s", err.retry_after_s) from None
-        except QueueTimeout as err:
-            raise ApiError(503, "overloaded", str(err), retry_after_s=1) from None
-        except RequestTooLarge as err:
-            raise ApiError(413, "too_large", str(err)) from None
-        except ModelUnavailable as err:
-            raise ApiError(503, "model_unavailable", str(err)) from None
+        except REFUSED as err:
+            row = refusal(err)
+            raise ApiError(row.http_status, row.http_type, str(err), retry_after_s(err)) from None
 
     async def score(self, request: protocol.ScoreRequest) -> protocol.ScoreResponse:
         self._check_limits([(i.question, i.reference, i.completion) for i in request.items])
@@ -105,7 +97,7 @@ class RewardHttpHandler:
                      for i, (query, prompt, label) in enumerate(zip(request.query, prompts, request.labels,
                                                                     strict=True))]
         result = await self._score(items)
-        probabilities = [sigmoid(x) for x in result.logits]
+        probabilities = [logit_to_reward(x) for x in result.logits]
         return protocol.OpenRLHFResponse(
             rewards=result.scores, scores=probabilities, version=result.version,
             extra_logs={"reward_version": [float(result.version)] * len(items)},
@@ -156,7 +148,7 @@ class RewardHttpHandler:
         flags = [request.use_activation, request.activation, request.softmax]
         activation = next((flag for flag in flags if flag is not None), True)
         data = [protocol.ClassificationData(index=index, label="correct" if logit > 0 else "incorrect",
-                                            probs=[sigmoid(logit) if activation else logit], num_classes=1)
+                                            probs=[logit_to_reward(logit) if activation else logit], num_classes=1)
                 for index, logit in enumerate(result.logits)]
         return protocol.ClassificationResponse(
             id=f"classify-{uuid.uuid4().hex}", created=int(time.time()), model=self.service.info().model, data=data,

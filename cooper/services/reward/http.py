@@ -186,7 +186,7 @@ def _without_auth(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-class _CoalescingTransport:
+class CoalescingTransport:
     """Writes made in one event-loop iteration go out in one transport.write: uvicorn writes a response's head and
     its body apart, two send(2) calls and two TCP segments that wake the client twice. With 32 clients of single
     items, those writes were a sixth of the serving process's CPU. Bytes and their order are unchanged."""
@@ -218,10 +218,10 @@ class _CoalescingTransport:
 
 class _CoalescingHttpTools(HttpToolsProtocol):
     """uvicorn's httptools protocol (what uvicorn picks when httptools is installed, as it is here) writing through a
-    _CoalescingTransport."""
+    CoalescingTransport."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
 
 class _EmbeddedUvicorn(uvicorn.Server):

@@ -32,7 +32,8 @@ from pathlib import Path
 import prometheus_client
 
 from cooper.config import ReplicaConfig
-from cooper.services.reward import checkpoint
+from cooper.runtime import checkpoint
+from cooper.runtime.checkpoint import REWARD
 
 log = logging.getLogger("cooper.reward")
 
@@ -91,8 +92,8 @@ def judge(config: ReplicaConfig, served_version: int, trainer_version: int, behi
 def newest_checkpoint(root: str) -> tuple[int, Path] | None:
     """(version, path) of the newest complete checkpoint under root, None before the trainer's first save (no
     directory yet); OSError when root cannot be listed."""
-    latest = checkpoint.latest_checkpoint(root)
-    return None if latest is None else (checkpoint.read_state(latest)["version"], latest)
+    latest = checkpoint.latest_checkpoint(root, REWARD)
+    return None if latest is None else (checkpoint.read_state(latest, REWARD)["version"], latest)
 
 
 class ReplicaFollower:

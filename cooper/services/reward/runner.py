@@ -1,6 +1,7 @@
 """Where the RewardCore runs: on one thread of the serving process, or in a child process of its own.
 
-Both runners take calls by method name and run them one at a time in submission order (`submit` enqueues before it
+Both runners offer the core's operations as typed methods (`runner.apply_update(key, pairs)` runs
+`RewardCore.apply_update` there), run them one at a time in submission order (each call enqueues before it
 returns, so the caller's order is the core's order) and answer with an asyncio future. The batcher relies on that
 order: it may submit the next batch, or an update, while one still runs.
 
@@ -13,7 +14,8 @@ same way). A thread remains for tests that look inside the model and for debuggi
 The child process: started with `spawn` (never fork a process that runs gRPC and torch threads), it loads the core
 itself (the model never crosses the pipe), ignores SIGINT (a Ctrl-C reaches the whole process group; the parent
 decides when to stop and asks the child to checkpoint first), and is SIGKILLed by the kernel if the parent dies.
-Messages are pickled tuples: `(call_id, method, args)` in, `(call_id, ok, value)` out; `None` in asks it to exit.
+Messages are pickled tuples: `(call_id, function, args)` in, `function` one of RewardCore's (pickled by its
+qualified name, so the code never crosses the pipe), and `(call_id, ok, value)` out; `None` in asks it to exit.
 An exception raised by a call travels back and is raised to that caller; the child keeps serving.
 """
 
@@ -31,10 +33,11 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from cooper.config import RewardConfig
-from cooper.services.reward.core import RewardCore
+from cooper.services.reward.core import BatchScores, RewardCore
+from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 
 log = logging.getLogger("cooper.reward")
 
@@ -45,20 +48,51 @@ class ModelUnavailable(Exception):
     """The model process is gone (crashed or killed); nothing more can be scored until the service restarts."""
 
 
-class Runner(Protocol):
+class Runner:
+    """RewardCore's operations, each run after everything submitted before; the future has its result or error.
+    A subclass says where the core runs (`call`) and how it stops (`close`)."""
+
     alive: bool
     on_exit: Callable[[], None] | None  # called on the event loop if the model dies while serving
 
-    def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
-        """Run core.<method>(*args) after everything submitted before; the future has its result or error."""
-        ...
+    def call(self, operation: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Run `operation(core, *args)`, `operation` a function of RewardCore."""
+        raise NotImplementedError
 
     async def close(self) -> None:
         """Finish what was submitted, then release the thread or process."""
-        ...
+        raise NotImplementedError
+
+    def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """core.<method>(*args) by name, for a debugger or a test; the service calls the typed methods below."""
+        return self.call(getattr(RewardCore, method), *args)
+
+    def info(self) -> asyncio.Future[ModelInfo]:
+        return self.call(RewardCore.info)
+
+    def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
+        return self.call(RewardCore.score_tokens, token_lists)
+
+    def apply_update(self, key: str | None, pairs: list[PreferencePair]) -> asyncio.Future[UpdateResult]:
+        return self.call(RewardCore.apply_update, key, pairs)
+
+    def save(self, tag: str) -> asyncio.Future[SavedCheckpoint]:
+        return self.call(RewardCore.save, tag)
+
+    def save_if_unsaved(self, tag: str) -> asyncio.Future[SavedCheckpoint | None]:
+        return self.call(RewardCore.save_if_unsaved, tag)
+
+    def stage_checkpoint(self, path: str) -> asyncio.Future[None]:
+        return self.call(RewardCore.stage_checkpoint, path)
+
+    def staged(self) -> asyncio.Future[bool]:
+        return self.call(RewardCore.staged)
+
+    def swap_staged(self) -> asyncio.Future[ModelInfo]:
+        return self.call(RewardCore.swap_staged)
 
 
-class ThreadRunner:
+class ThreadRunner(Runner):
     """The core on a single worker thread of this process."""
 
     def __init__(self, core: RewardCore):
@@ -71,8 +105,8 @@ class ThreadRunner:
     async def start(cls, config: RewardConfig) -> ThreadRunner:
         return cls(await asyncio.to_thread(RewardCore.load, config))
 
-    def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
-        return self.run(getattr(self.core, method), *args)
+    def call(self, operation: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        return self.run(operation, self.core, *args)
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Any function on the model thread, in order with the core's calls (tests look inside the model this way)."""
@@ -83,7 +117,7 @@ class ThreadRunner:
         await asyncio.to_thread(self._executor.shutdown)
 
 
-class ProcessRunner:
+class ProcessRunner(Runner):
     """The core in a child process; a sender thread writes calls to the pipe, a reader thread resolves futures."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, connection: Connection,
@@ -98,7 +132,7 @@ class ProcessRunner:
         self._lock = threading.Lock()  # _pending is touched by the loop thread and the reader thread
         # A thread writes, so that a large call (an update's pairs) never blocks the event loop on a full pipe
         # while the child is busy with the call before it.
-        self._outbox: queue.SimpleQueue[tuple[int, str, tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[int, Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, name="verify-rm-send", daemon=True)
         self._reader = threading.Thread(target=self._read_loop, name="verify-rm-read", daemon=True)
         self._closing = False
@@ -127,7 +161,7 @@ class ProcessRunner:
         runner._reader.start()
         return runner
 
-    def submit(self, method: str, *args: Any) -> asyncio.Future[Any]:
+    def call(self, operation: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         future: asyncio.Future[Any] = self._loop.create_future()
         if not self.alive:
             future.set_exception(ModelUnavailable("the reward model process has exited; restart the service"))
@@ -135,7 +169,7 @@ class ProcessRunner:
         call_id = next(self._ids)
         with self._lock:
             self._pending[call_id] = future
-        self._outbox.put((call_id, method, args))
+        self._outbox.put((call_id, operation, args))
         return future
 
     async def close(self) -> None:
@@ -158,7 +192,8 @@ class ProcessRunner:
             except (OSError, ValueError):  # the child is gone; the reader fails what is pending
                 return
             except Exception as err:  # an argument that does not pickle: fail that call only
-                self._resolve(message[0], False, TypeError(f"cannot send {message[1]} to the model process: {err}"))
+                self._resolve(message[0], False,
+                              TypeError(f"cannot send {message[1].__name__} to the model process: {err}"))
         try:
             self._connection.send(None)
         except OSError:
@@ -253,15 +288,15 @@ def _serve_calls(connection: Connection, core: RewardCore) -> None:
             return
         if message is None:
             return
-        call_id, method, args = message
+        call_id, operation, args = message
         try:
-            reply = (call_id, True, getattr(core, method)(*args))
+            reply = (call_id, True, operation(core, *args))
         except Exception as err:  # the caller gets it; the model process keeps serving
             reply = (call_id, False, _portable(err))
         try:
             connection.send(reply)
         except (pickle.PicklingError, TypeError, AttributeError) as err:
-            connection.send((call_id, False, RuntimeError(f"{method}: the result did not pickle: {err}")))
+            connection.send((call_id, False, RuntimeError(f"{operation.__name__}: the result did not pickle: {err}")))
 
 
 def _portable(err: Exception) -> Exception:

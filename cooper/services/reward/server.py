@@ -1,9 +1,8 @@
 """gRPC front of the reward service, and `cooper serve reward`: gRPC and HTTP in one process, one event loop.
 
-Only message translation here; the logic is in service.py. Status codes: a full queue is RESOURCE_EXHAUSTED, a
-queue timeout UNAVAILABLE (clients retry it), a request bigger than the queue INVALID_ARGUMENT. On a read replica
-(reward.role=replica): Update and Save are FAILED_PRECONDITION; a stale replica refuses Score with UNAVAILABLE
-(reward.replica.on_stale=refuse) or answers it with trailing metadata `cooper-stale` (on_stale=serve).
+Only message translation here; the logic is in service.py, and the status code of every refusal in errors.py (the
+table HTTP uses too). A stale replica that still serves (reward.replica.on_stale=serve) answers Score with
+trailing metadata `cooper-stale`.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.server import GrpcService
-from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
+from cooper.services.reward.errors import REFUSED, refusal
 from cooper.services.reward.http import HttpServer, create_app, start_http
 from cooper.services.reward.items import PreferencePair, SavedCheckpoint, ScoreItem, ScoreResult, UpdateResult
-from cooper.services.reward.runner import ModelUnavailable, ProcessRunner
-from cooper.services.reward.service import ReadOnlyReplica, ReplicaStale, RewardService, idempotency_key
+from cooper.services.reward.runner import ProcessRunner
+from cooper.services.reward.service import RewardService, idempotency_key
 
 log = logging.getLogger("cooper.reward")
 
@@ -39,14 +38,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             if staleness is not None and staleness.stale:
                 context.set_trailing_metadata((("cooper-stale", staleness.describe()),))
             result = await self.service.score(items)
-        except QueueFull as err:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{err}; retry in {err.retry_after_s} s")
-        except QueueTimeout as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        except RequestTooLarge as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except (ModelUnavailable, ReplicaStale) as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except REFUSED as err:
+            await context.abort(refusal(err).grpc_code, str(err))
         assert result is not None
         return reward_pb2.ScoreResponse(
             scores=[reward_pb2.Score(score=s, logit=x) for s, x in zip(result.scores, result.logits, strict=True)],
@@ -58,10 +51,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         result: UpdateResult | None = None
         try:
             result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
-        except (QueueTimeout, ModelUnavailable) as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-        except ReadOnlyReplica as err:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except REFUSED as err:
+            await context.abort(refusal(err).grpc_code, str(err))
         assert result is not None
         return reward_pb2.UpdateResponse(
             loss=result.loss, grad_norm=result.grad_norm, pair_accuracy_before=result.pair_accuracy_before,
@@ -78,8 +69,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         saved: SavedCheckpoint | None = None
         try:
             saved = await self.service.save(request.tag)
-        except ReadOnlyReplica as err:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except REFUSED as err:
+            await context.abort(refusal(err).grpc_code, str(err))
         assert saved is not None
         return common_pb2.SaveResponse(path=saved.path, version=saved.version)
 

@@ -29,7 +29,7 @@ from cooper.services.reward.items import (
 )
 from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, ReplicaStale, Staleness
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
-from cooper.services.reward.verify_rm import Encoder, sigmoid
+from cooper.services.reward.verify_rm import Encoder, logit_to_reward
 
 __all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult", "idempotency_key"]
 
@@ -71,7 +71,7 @@ class RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
         runner = await start_runner(config)
         try:
-            info: ModelInfo = await runner.submit("info")
+            info: ModelInfo = await runner.info()
             if isinstance(runner, ThreadRunner):
                 encoder = runner.core.rm.encoder
             else:
@@ -136,7 +136,7 @@ class RewardService:
 
     def _submit_batch(self, token_lists: list[list[int]]) -> Awaitable[tuple[list[float], int]]:
         """Submit now (the batcher's order is the model's order); the batch's timings are recorded when it is back."""
-        return self._scored(self.runner.submit("score_tokens", token_lists))
+        return self._scored(self.runner.score_tokens(token_lists))
 
     @staticmethod
     async def _scored(pending: Awaitable[BatchScores]) -> tuple[list[float], int]:
@@ -145,19 +145,13 @@ class RewardService:
             MODEL_SECONDS.observe(seconds)
         return scores.logits, scores.version
 
-    def reward(self, logit: float) -> float:
-        probability = sigmoid(logit)
-        if self.config.discrete:
-            return 1.0 if probability > 0.5 else 0.0
-        return probability
-
     async def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
             return ScoreResult([], [], self.version)
         tokens = await self._encode(items)
         logits, version = await self.batcher.submit(tokens)
-        return ScoreResult([self.reward(x) for x in logits], logits, version, sum(len(t) for t in tokens))
+        return ScoreResult([logit_to_reward(x, self.config.discrete) for x in logits], logits, version, sum(len(t) for t in tokens))
 
     async def _encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
         start = time.perf_counter()
@@ -179,7 +173,7 @@ class RewardService:
         """One Bradley-Terry step over `pairs` -> version + 1; a key applied before returns its recorded result."""
         self._refuse_writes("Update")
         result: UpdateResult = await self.batcher.run_exclusive(
-            lambda: self.runner.submit("apply_update", key, list(pairs)))
+            lambda: self.runner.apply_update(key, list(pairs)))
         UPDATES.labels("replayed" if result.replayed else "skipped" if result.skipped else "applied").inc()
         await self._refresh_info()
         return result
@@ -187,23 +181,23 @@ class RewardService:
     async def save(self, tag: str = "") -> SavedCheckpoint:
         """Write a checkpoint now (between batches and updates, so it holds one consistent state)."""
         self._refuse_writes("Save")
-        saved: SavedCheckpoint = await self.batcher.run_exclusive(lambda: self.runner.submit("save", tag))
+        saved: SavedCheckpoint = await self.batcher.run_exclusive(lambda: self.runner.save(tag))
         await self._refresh_info()
         return saved
 
     async def load_checkpoint(self, path: str) -> ModelInfo:
         """A replica's weight swap: read `path` beside the scoring (the model's loader thread), then install it
         between batches, like an update, so that no score sees half of it."""
-        await self.runner.submit("stage_checkpoint", path)
-        while not await self.runner.submit("staged"):
+        await self.runner.stage_checkpoint(path)
+        while not await self.runner.staged():
             await asyncio.sleep(0.02)
-        info: ModelInfo = await self.batcher.run_exclusive(lambda: self.runner.submit("swap_staged"))
+        info: ModelInfo = await self.batcher.run_exclusive(lambda: self.runner.swap_staged())
         self._info = info
         MODEL_VERSION.set(info.version)
         return info
 
     async def _refresh_info(self) -> None:
-        self._info = await self.runner.submit("info")
+        self._info = await self.runner.info()
         MODEL_VERSION.set(self._info.version)
 
     async def stop(self) -> None:
@@ -213,7 +207,7 @@ class RewardService:
             await self.follower.stop()
         try:
             if self.config.save_on_stop and self.config.role == "trainer" and self.runner.alive:
-                await self.batcher.run_exclusive(lambda: self.runner.submit("save_if_unsaved", "stop"))
+                await self.batcher.run_exclusive(lambda: self.runner.save_if_unsaved("stop"))
         finally:
             await self.batcher.stop()
             await self.runner.close()

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cooper.config import OptimConfig
-from cooper.runtime.devices import resolve_device, resolve_dtype
+from cooper.runtime.devices import resolve_autocast, resolve_device, resolve_dtype
 from cooper.services.reward.items import LabelledTriple, PreferencePair, ScoreItem, UpdateStats
 
 HEAD_CHARS = 500
@@ -99,11 +99,18 @@ def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     return batches
 
 
-def sigmoid(logit: float) -> float:
-    if logit >= 0:
-        return 1.0 / (1.0 + math.exp(-logit))
-    z = math.exp(logit)
-    return z / (1.0 + z)
+def logit_to_reward(logit: float, discrete: bool = False) -> float:
+    """The one rule from a VerifyRM logit to a reward (docs/design.md section 2.1): sigmoid(logit), the model's
+    probability that the completion is correct, or with `discrete` (reward.discrete) 1.0 when that probability is
+    above 0.5, else 0.0. Every place that shows a probability or a reward calls this, so they cannot drift apart."""
+    if logit >= 0:  # two branches, so that exp never overflows
+        probability = 1.0 / (1.0 + math.exp(-logit))
+    else:
+        z = math.exp(logit)
+        probability = z / (1.0 + z)
+    if discrete:
+        return 1.0 if probability > 0.5 else 0.0
+    return probability
 
 
 class Encoder:
@@ -197,8 +204,7 @@ class VerifyRM:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         target = resolve_device(device, "reward.device")
-        compute = resolve_dtype(dtype, target)
-        master = torch.float32 if trains else compute
+        master = torch.float32 if trains else resolve_dtype(dtype, target)
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForSequenceClassification.from_pretrained(source, dtype=master)
         if model.config.num_labels != 1:
@@ -206,7 +212,7 @@ class VerifyRM:
                 f"reward model {source!r} has {model.config.num_labels} outputs; VerifyRM needs a "
                 "sequence-classification model with num_labels=1"
             )
-        autocast = compute if compute != master else None
+        autocast = resolve_autocast(dtype, target) if trains else None
         return cls(model.to(target), tokenizer, optim, max_length, source, autocast)
 
     @property
@@ -254,7 +260,7 @@ class VerifyRM:
 
     def score(self, items: Sequence[ScoreItem], batch_size: int = 64) -> list[tuple[float, float]]:
         """(sigmoid(logit), logit) per item, in order."""
-        return [(sigmoid(x), x) for x in self.logits(self.encode(items), batch_size)]
+        return [(logit_to_reward(x), x) for x in self.logits(self.encode(items), batch_size)]
 
     # ----- training -----
 

@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cooper.protos.verifier.v1 import verifier_pb2
+from cooper.protos.wire_enum import WireEnum
 
-Verdict = verifier_pb2.Verdict
-"""The verdict enum (`Verdict.CORRECT`, `Verdict.Name(value)`); `VerifyResult.verdict` holds its value."""
+
+class Verdict(WireEnum):
+    """cooper.verifier.v1.Verdict, the one verdict enum of the checker (rules.py), its pool and the client's callers:
+    a Verdict is sent as it is, and `VerifyResult.verdict` (a number) compares equal to one."""
+
+    CORRECT = 1
+    INCORRECT = 2
+    NO_ANSWER = 3
+    TIMEOUT = 4
+    ERROR = 5
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ workers from outside.
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
 import signal
@@ -20,18 +19,11 @@ from typing import Any
 
 from math_verify import parse, verify
 
+from cooper.boxed import last_boxed
+from cooper.services.verifier.messages import Verdict
+
 # math-verify warns once that its timeouts are off; ours replace them.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-
-class Verdict(enum.IntEnum):
-    """Values equal the proto enum cooper.verifier.v1.Verdict."""
-
-    CORRECT = 1
-    INCORRECT = 2
-    NO_ANSWER = 3
-    TIMEOUT = 4
-    ERROR = 5
 
 
 @dataclass(frozen=True)
@@ -75,19 +67,6 @@ def parse_reference(reference: str) -> list[Any]:
         if gold:
             return gold
     return parse(text, parsing_timeout=None)  # type: ignore[arg-type]
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last complete \\boxed{...} (nested braces matched), or None when there is none."""
-    start = text.rfind("\\boxed{")
-    while start != -1:
-        depth = 0
-        for i in range(start + len("\\boxed"), len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start + len("\\boxed{") : i]
-        start = text.rfind("\\boxed{", 0, start)  # unclosed: an earlier box may be complete
-    return None
 
 
 def parse_completion(completion: str, answer: str = "anywhere") -> list[Any]:
