@@ -185,11 +185,11 @@ def _write_config(config: CooperConfig, path: Path) -> Path:
 
 
 def _start_run(config_path: Path, mode: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
-    return _start_child([sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
+    return start_child([sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
                          f"run.mode={mode}", f"run.seed={seed}", f"run.name={run_name}"], log_path)
 
 
-def _start_child(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
+def start_child(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
     """A run's process, logging to log_path. It gets SIGTERM when the experiment dies, even by SIGTERM or SIGKILL,
     which skip the `finally` that stops the runs: otherwise it would train on, orphaned, for the rest of its steps.
     It stays in the experiment's process group, so Ctrl-C reaches it too and it stops its services gracefully."""

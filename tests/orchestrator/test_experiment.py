@@ -80,8 +80,8 @@ def test_a_run_dies_with_a_killed_experiment(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from cooper.orchestrator.experiment import _start_child\n"
-        f"child = _start_child(['sleep', '120'], Path({str(tmp_path / 'run.log')!r}))\n"
+        "from cooper.orchestrator.experiment import start_child\n"
+        f"child = start_child(['sleep', '120'], Path({str(tmp_path / 'run.log')!r}))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
     child_pid = int(parent.stdout.readline())
