@@ -80,7 +80,6 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.stages import step_seed
     from cooper.runtime.checkpoint import REWARD, save_checkpoint
     from cooper.runtime.models import resolve_model
-    from cooper.services.generator.negatives import Check as NegCheck
     from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
@@ -104,12 +103,8 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     def verify_one(completion: str, reference: str) -> Any:
         return check(completion, reference, vcfg.timeout_s, vcfg.max_chars, cache)
 
-    async def verify_pairs(pairs: list[tuple[str, str]]) -> list[NegCheck]:
-        out = []
-        for completion, reference in pairs:
-            c = verify_one(completion, reference)
-            out.append(NegCheck(Verdict(c.verdict).name, c.extracted, c.detail))
-        return out
+    async def verify_pairs(pairs: list[tuple[str, str]]) -> list[Any]:
+        return [verify_one(completion, reference) for completion, reference in pairs]
 
     steps: list[dict[str, float]] = []
     records: list[dict[str, Any]] = []

@@ -17,6 +17,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
     valid_rate,
 )
+from cooper.services.verifier.messages import Verdict
 from cooper.tiny.examples import example_tasks
 
 
@@ -43,7 +44,7 @@ def recheck(verify_pairs, outcomes, tasks):  # type: ignore[no-untyped-def]
 def test_examples_are_correct_positives(verify_pairs):
     tasks = example_tasks()
     checks = asyncio.run(verify_pairs([(t.positive, t.reference) for t in tasks]))
-    assert [c.verdict for c in checks] == ["CORRECT"] * len(tasks)
+    assert [c.verdict for c in checks] == [Verdict.CORRECT] * len(tasks)
 
 
 def test_perturb_negatives_fail_verification_against_the_reference(verify_pairs):
@@ -55,7 +56,7 @@ def test_perturb_negatives_fail_verification_against_the_reference(verify_pairs)
     for style in ("boxed", "hashes", "answer-is", "hand"):
         assert sum(o.valid for o in outcomes if o.id.startswith(style)) >= 12, style
     for vs_positive, vs_reference in recheck(verify_pairs, outcomes, tasks):
-        assert vs_positive.verdict == "INCORRECT" and vs_reference.verdict == "INCORRECT"
+        assert vs_positive.verdict == Verdict.INCORRECT and vs_reference.verdict == Verdict.INCORRECT
     print(f"perturb valid-negative rate: {valid_rate(outcomes):.3f} on {len(tasks)} solutions")
 
 
@@ -103,7 +104,7 @@ def test_llm_strategy_with_the_tiny_model(tiny_assistant, verify_pairs):
     codes = {r.split(":")[0] for o in outcomes for r in o.rejections}
     assert codes <= {"empty", "format", "no_answer", "same_as_positive", "same_as_reference"}, codes
     for vs_positive, vs_reference in recheck(verify_pairs, outcomes, tasks):
-        assert vs_positive.verdict == "INCORRECT" and vs_reference.verdict == "INCORRECT"
+        assert vs_positive.verdict == Verdict.INCORRECT and vs_reference.verdict == Verdict.INCORRECT
     print(f"llm (tiny) valid-negative rate: {valid_rate(outcomes):.3f} on {len(tasks)} solutions")
 
 

@@ -7,7 +7,6 @@ import pytest
 from cooper.services.generator.judge import Judgment, parse_judgment
 from cooper.services.generator.negatives import (
     REWRITE_SYSTEM_PROMPT,
-    Check,
     LLMStrategy,
     NegativeTask,
     clean_rewrite,
@@ -15,6 +14,7 @@ from cooper.services.generator.negatives import (
     rejection_reason,
 )
 from cooper.services.generator.perturb import final_answer, perturb, wrong_number
+from cooper.services.verifier.messages import Check, Verdict
 from cooper.tiny.examples import example_tasks
 
 
@@ -104,13 +104,13 @@ def test_every_example_can_be_perturbed():
 @pytest.mark.parametrize(
     ("vs_positive", "vs_reference", "code"),
     [
-        (Check("INCORRECT", "8"), Check("INCORRECT", "8"), None),
-        (Check("CORRECT", "7"), Check("CORRECT", "7"), "same_as_positive"),
-        (Check("INCORRECT", "7.0"), Check("CORRECT", "7.0"), "same_as_reference"),
-        (Check("NO_ANSWER"), Check("NO_ANSWER"), "no_answer"),
-        (Check("TIMEOUT", detail="slow"), Check("INCORRECT", "8"), "verifier_timeout"),
-        (Check("INCORRECT", "8"), Check("ERROR", detail="bad reference"), "verifier_error"),
-        (Check("INCORRECT", "8"), Check("TIMEOUT"), "verifier_timeout"),
+        (Check(Verdict.INCORRECT, "8"), Check(Verdict.INCORRECT, "8"), None),
+        (Check(Verdict.CORRECT, "7"), Check(Verdict.CORRECT, "7"), "same_as_positive"),
+        (Check(Verdict.INCORRECT, "7.0"), Check(Verdict.CORRECT, "7.0"), "same_as_reference"),
+        (Check(Verdict.NO_ANSWER), Check(Verdict.NO_ANSWER), "no_answer"),
+        (Check(Verdict.TIMEOUT, detail="slow"), Check(Verdict.INCORRECT, "8"), "verifier_timeout"),
+        (Check(Verdict.INCORRECT, "8"), Check(Verdict.ERROR, detail="bad reference"), "verifier_error"),
+        (Check(Verdict.INCORRECT, "8"), Check(Verdict.TIMEOUT), "verifier_timeout"),
     ],
 )
 def test_rejection_rule(vs_positive, vs_reference, code):

@@ -7,6 +7,7 @@ from collections import Counter
 
 from cooper.services.generator.negatives import RuleStrategy, make_negatives, valid_rate
 from cooper.services.generator.varied import bare, early_stop, varied
+from cooper.services.verifier.messages import Verdict
 from cooper.tiny.examples import example_tasks
 from cooper.tiny.task import make_split
 
@@ -40,7 +41,7 @@ def test_varied_negatives_on_the_tiny_task_are_wrong_and_of_every_kind(verify_pa
     kinds = Counter(kind_of(o.negative, t.positive) for o, t in zip(outcomes, tasks, strict=True))
     assert min(kinds[k] for k in ("arithmetic", "early_stop", "bare")) >= 5, kinds
     checks = asyncio.run(verify_pairs([(o.negative, t.reference) for o, t in zip(outcomes, tasks, strict=True)]))
-    assert {c.verdict for c in checks} == {"INCORRECT"}
+    assert {c.verdict for c in checks} == {Verdict.INCORRECT}
 
 
 def test_varied_negatives_keep_the_answer_style_of_general_solutions(verify_pairs) -> None:

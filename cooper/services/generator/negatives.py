@@ -27,6 +27,7 @@ from typing import Protocol
 from cooper.services.generator.assistant import Assistant, ChatRequest
 from cooper.services.generator.perturb import answer_style, perturb
 from cooper.services.generator.varied import varied
+from cooper.services.verifier.messages import Check, Verdict
 
 REWRITE_SYSTEM_PROMPT = (
     "You write wrong solutions to math problems, for training a model that must tell right solutions from wrong "
@@ -65,15 +66,6 @@ class NegativeOutcome:
     """The last rejection; empty when the first candidate was kept."""
     rejections: list[str] = field(default_factory=list)
     """One reason per rejected candidate, in order."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One verifier result: verdict is the verifier's enum name (CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR)."""
-
-    verdict: str
-    extracted: str = ""
-    detail: str = ""
 
 
 VerifyPairs = Callable[[list[tuple[str, str]]], Awaitable[list[Check]]]
@@ -156,14 +148,14 @@ def format_reason(candidate: str, positive: str) -> str | None:
 def rejection_reason(vs_positive: Check, vs_reference: Check) -> str | None:
     """None when the candidate is a valid negative; else why not (a short code, then details)."""
     for name, check in (("positive", vs_positive), ("reference", vs_reference)):
-        if check.verdict == "NO_ANSWER":
+        if check.verdict == Verdict.NO_ANSWER:
             return "no_answer: the verifier found no final answer"
-        if check.verdict == "CORRECT":
+        if check.verdict == Verdict.CORRECT:
             return f"same_as_{name}: its answer {check.extracted!r} equals the {name}'s"
-        if check.verdict in ("TIMEOUT", "ERROR"):
+        if check.verdict in (Verdict.TIMEOUT, Verdict.ERROR):
             detail = f": {check.detail}" if check.detail else ""
-            return f"verifier_{check.verdict.lower()} against the {name}{detail}"
-        if check.verdict != "INCORRECT":
+            return f"verifier_{Verdict(check.verdict).name.lower()} against the {name}{detail}"
+        if check.verdict != Verdict.INCORRECT:
             return f"verifier_error against the {name}: unexpected verdict {check.verdict}"
     return None
 

@@ -19,7 +19,6 @@ from cooper.runtime.server import GrpcService
 from cooper.services.generator.assistant import Assistant, AssistantError, build_assistant
 from cooper.services.generator.judge import JudgeTask, judge
 from cooper.services.generator.negatives import (
-    Check,
     LLMStrategy,
     NegativeTask,
     RuleStrategy,
@@ -27,7 +26,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
 )
 from cooper.services.verifier.client import VerifierClient
-from cooper.services.verifier.messages import Verdict
+from cooper.services.verifier.messages import Check, Verdict
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
 log = logging.getLogger("cooper.generator")
@@ -41,7 +40,7 @@ class RemoteVerifier:
 
     async def __call__(self, pairs: list[tuple[str, str]]) -> list[Check]:
         results = await asyncio.to_thread(self.client.verify_pairs, pairs)
-        return [Check(Verdict.Name(r.verdict), r.extracted, r.detail) for r in results]
+        return [Check(Verdict(r.verdict), r.extracted, r.ms, r.detail) for r in results]
 
 
 class LazyAssistant:

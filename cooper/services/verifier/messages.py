@@ -23,6 +23,18 @@ class Verdict(WireEnum):
 
 
 @dataclass(frozen=True)
+class Check:
+    """The verifier's result on one (completion, reference): what rules.check returns, the pool records and the
+    generator's filter reads."""
+
+    verdict: Verdict
+    extracted: str = ""
+    """The raw answer text found in the completion (never a printed sympy object: str() of one can hang)."""
+    ms: float = 0.0
+    detail: str = ""  # why, for ERROR and TIMEOUT
+
+
+@dataclass(frozen=True)
 class VerifyItem:
     """One completion to check against a reference answer; `id` is echoed in its result."""
 

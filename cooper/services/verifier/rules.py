@@ -14,25 +14,15 @@ import re
 import signal
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from math_verify import parse, verify
 
 from cooper.boxed import last_boxed
-from cooper.services.verifier.messages import Verdict
+from cooper.services.verifier.messages import Check, Verdict
 
 # math-verify warns once that its timeouts are off; ours replace them.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
-
-
-@dataclass(frozen=True)
-class Check:
-    verdict: Verdict
-    extracted: str = ""
-    """The raw answer text found in the completion (never a printed sympy object: str() of one can hang)."""
-    ms: float = 0.0
-    detail: str = ""
 
 
 class _ItemTimeout(BaseException):
