@@ -6,7 +6,10 @@ reward model, that rate climbs while the training reward keeps rising (docs/expe
 disagreement goes from 0.34-0.37 to 0.45-0.47 while test accuracy still holds, then to 0.55-0.60 as it collapses).
 
 Signals, each in the direction a hack moves it (SIGNALS):
-- `rm_false_positive_rate`: the share of verifier-wrong rollouts VerifyRM accepts (up);
+- `rm_false_positive_share`: the share of all rollouts that VerifyRM accepts and the verifier rejects (up): its
+  false-positive rate on verifier-wrong rollouts times their share, the wrong answers the policy is rewarded for.
+  (The rate alone raised false alarms on honest runs: as a policy improves, it is measured on ever fewer wrong
+  rollouts, and swings from 0 to 0.4 between steps; docs/experiments.md);
 - `rm_auroc`: how well VerifyRM ranks verifier-right over verifier-wrong rollouts (down);
 - `reward_accuracy_gap`: training reward minus verifier accuracy (up), the proxy-gold gap of Gao et al. 2022;
   divided by sqrt(KL from the initial policy) where the run measures KL, so that honest drift of a policy that
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # signal -> +1 when a hack moves it up, -1 when down
-SIGNALS: dict[str, int] = {"rm_false_positive_rate": 1, "rm_auroc": -1, "reward_accuracy_gap": 1}
+SIGNALS: dict[str, int] = {"rm_false_positive_share": 1, "rm_auroc": -1, "reward_accuracy_gap": 1}
 KL_KEY = "kl_from_initial"
 SIMULATED_RUNS = 1000
 
@@ -91,15 +94,20 @@ class AlarmSettings:
         return threshold_for(self.false_alarm_rate, self.baseline_steps, self.run_steps, len(SIGNALS), self.drift)
 
 
+def _defined(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def signal_values(record: Mapping[str, Any]) -> dict[str, float]:
     """The signals of one step's metrics record that are defined (AUROC is undefined when every rollout is right
     or every one wrong); the gap per unit of sqrt(KL) where the record carries KL."""
     values: dict[str, float] = {}
-    for name in SIGNALS:
-        value = record.get(name)
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            continue
-        values[name] = float(value)
+    for name in ("rm_auroc", "reward_accuracy_gap"):
+        if _defined(record.get(name)):
+            values[name] = float(record[name])
+    rate, accuracy = record.get("rm_false_positive_rate"), record.get("verifier_accuracy")
+    if _defined(rate) and _defined(accuracy):
+        values["rm_false_positive_share"] = float(rate) * (1.0 - float(accuracy))
     kl = record.get(KL_KEY)
     if "reward_accuracy_gap" in values and kl is not None and kl > 1.0:
         # Below one nat the policy has not moved enough for the division to mean anything (and it would blow up).

@@ -14,8 +14,8 @@ SETTINGS = AlarmSettings()  # the defaults a run uses: 30 baseline steps, 400-st
 
 def honest_step(rng: random.Random, fpr_shift: float = 0.0, auroc_shift: float = 0.0) -> dict[str, float]:
     """One step's signals of a run whose reward model is not being exploited (plus optional shifts)."""
-    return {"rm_false_positive_rate": rng.gauss(0.35 + fpr_shift, 0.1), "rm_auroc": rng.gauss(0.8 + auroc_shift, 0.08),
-            "reward_accuracy_gap": rng.gauss(0.1, 0.1)}
+    return {"rm_false_positive_rate": rng.gauss(0.35 + fpr_shift, 0.1), "verifier_accuracy": 0.5,
+            "rm_auroc": rng.gauss(0.8 + auroc_shift, 0.08), "reward_accuracy_gap": rng.gauss(0.1, 0.1)}
 
 
 def first_alarm(stream) -> int | None:  # type: ignore[no-untyped-def]
@@ -37,8 +37,8 @@ def test_false_alarm_rate_on_honest_runs_is_the_one_asked_for() -> None:
 
 
 def test_a_hack_is_caught_within_steps_of_its_start() -> None:
-    # The false-positive rate rises by 1.5 baseline spreads at step 150 (static mode's measured rise is larger:
-    # 0.35 -> 0.46). Median delay about 13 steps; never raised before the shift in more than a few runs.
+    # The false-positive rate rises by 1.5 baseline spreads at step 150 (static mode's measured rise on v6 was
+    # larger: 0.35 -> 0.46), with half the rollouts wrong. Median delay about 13 steps; never raised before the shift in more than a few runs.
     delays, early = [], 0
     for seed in range(40):
         rng = random.Random(f"hack{seed}")
@@ -71,7 +71,7 @@ def test_the_alarm_clears_only_after_the_signal_stays_back_for_clear_steps() -> 
     raised = [o.step for o in observations if o.raised]
     cleared = [o.step for o in observations if o.cleared]
     assert raised and 100 <= raised[0] < 120
-    assert observations[raised[0]].trigger == "rm_false_positive_rate"
+    assert observations[raised[0]].trigger == "rm_false_positive_share"
     assert cleared and cleared[0] > 160
     assert cleared[0] <= 160 + 4 * SETTINGS.clear_steps  # back within a few windows of the cause going away
     # hysteresis: from raising to clearing every step reads "alarm", even those of the hack's last steps whose
@@ -101,7 +101,9 @@ def test_a_resumed_alarm_goes_on_exactly_where_it_stopped() -> None:
 
 def test_missing_and_undefined_signals_are_skipped() -> None:
     # AUROC is None when every rollout is right or every one wrong; rule mode logs no RM signals at all
-    assert signal_values({"rm_auroc": None, "rm_false_positive_rate": float("nan")}) == {}
+    assert signal_values({"rm_auroc": None, "rm_false_positive_rate": float("nan"), "verifier_accuracy": 0.5}) == {}
+    # the share of all rollouts that the RM accepts and the verifier rejects: rate x share of wrong rollouts
+    assert signal_values({"rm_false_positive_rate": 0.4, "verifier_accuracy": 0.75}) == {"rm_false_positive_share": 0.1}
     assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 4.0}) == {"reward_accuracy_gap": 0.2}
     assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 0.5}) == {"reward_accuracy_gap": 0.4}
     alarm = HackingAlarm(SETTINGS)
@@ -151,7 +153,7 @@ def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_pat
     assert all(f["alarm/state"] == "baseline" for f in fields[:30])
     events = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
     assert events[0] == {**events[0], "step": raised_at, "event": "raised", "policy_version": raised_at + 1,
-                         "reward_version": 7, "actions": ["verifier_reward"], "trigger": "rm_false_positive_rate"}
+                         "reward_version": 7, "actions": ["verifier_reward"], "trigger": "rm_false_positive_share"}
     assert store.state()[ACTIVE_KEY] == ["verifier_reward"]  # the stages read this while the alarm is up
 
     # A resumed run (a new driver on the same Redis state) goes on with the same baseline and sums.
