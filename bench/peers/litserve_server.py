@@ -1,10 +1,12 @@
 """The reward model behind LitServe (FastAPI + uvicorn in front, the model in a worker process): a peer for
 bench/reward_http.py.
 
-LitServe's batching (at most 64 requests, waiting at most COOPER_BENCH_MAX_WAIT_MS, default 5 as in the service's
-reward.batching.max_wait_ms); decode_request tokenizes each request with the project's Encoder, predict scores the
-batch (bench/peers/model.py, the project's own code). Same route, request and answer as the service's POST /v1/score.
-Left out: auth, limits, versions; a peer only needs to score. `fast_queue` (ZeroMQ) is off: LitServe's default.
+LitServe's batching: at most COOPER_BENCH_MAX_BATCH requests (default 64), waiting at most COOPER_BENCH_MAX_WAIT_MS
+(default 5); `fast_queue` (ZeroMQ between the front and the worker, which LitServe's docstring recommends above 100
+requests/s) when COOPER_BENCH_FAST_QUEUE=1. bench/reward_http.py sweeps all three and reports LitServe at its best.
+decode_request tokenizes each request with the project's Encoder, predict scores the batch (bench/peers/model.py, the
+project's own code). Same route, request and answer as the service's POST /v1/score. Left out: auth, limits,
+versions; a peer only needs to score.
 
     COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. /tmp/v-litserve/bin/python bench/peers/litserve_server.py 8000
 """
@@ -45,7 +47,8 @@ class RewardAPI(ls.LitAPI):
 
 
 if __name__ == "__main__":
-    api = RewardAPI(max_batch_size=64, batch_timeout=float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5")) / 1000,
-                    api_path="/v1/score")
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=60)
+    api = RewardAPI(max_batch_size=int(os.environ.get("COOPER_BENCH_MAX_BATCH", "64")),
+                    batch_timeout=float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5")) / 1000, api_path="/v1/score")
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=60,
+                          fast_queue=os.environ.get("COOPER_BENCH_FAST_QUEUE") == "1")
     server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False)

@@ -1,8 +1,9 @@
 """The reward model behind mosec (a Rust HTTP front and Python worker processes): a peer for bench/reward_http.py.
 
 Set up the way mosec's own examples serve a classifier: a tokenizing stage (its own process) feeding a batched
-inference stage (its own process; mosec's dynamic batching, at most 64 requests, waiting at most
-COOPER_BENCH_MAX_WAIT_MS, default 5 as in the service's reward.batching.max_wait_ms). Same request and answer as the
+inference stage (COOPER_BENCH_WORKERS processes, default 1; mosec's dynamic batching, at most COOPER_BENCH_MAX_BATCH
+requests, default 64, waiting at most COOPER_BENCH_MAX_WAIT_MS, default 5). bench/reward_http.py sweeps all three and
+reports mosec at its best. Same request and answer as the
 service's POST /v1/score ({"items": [...]} -> {"scores": [{"score", "logit"}]}), on mosec's route /inference.
 Model and tokens: bench/peers/model.py, the project's own code. Left out: auth, limits, versions; a peer only needs
 to score.
@@ -51,6 +52,7 @@ class Score(Worker):
 if __name__ == "__main__":
     server = Server()
     server.append_worker(Tokenize, num=1)
-    server.append_worker(Score, num=1, max_batch_size=64,
+    server.append_worker(Score, num=int(os.environ.get("COOPER_BENCH_WORKERS", "1")),
+                         max_batch_size=int(os.environ.get("COOPER_BENCH_MAX_BATCH", "64")),
                          max_wait_time=int(float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5"))))
     server.run()

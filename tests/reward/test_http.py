@@ -213,16 +213,41 @@ def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
         assert [d["index"] for d in data["data"]] == [0, 1, 2]
         for got, (probability, _) in zip(data["data"], direct, strict=True):
             assert got["num_classes"] == 1 and abs(got["probs"][0] - probability) <= 1e-5
-            assert got["label"] == ("correct" if probability > 0.5 else "incorrect")
+            assert got["label"] == "LABEL_0"  # the model's id2label, as vLLM answers
     # verl's reward loop: one string, activation off, reads data[-1].probs[-1] as the raw score
-    raw = httpx.post(f"{served.url}/classify", json={"model": "m", "input": texts[0], "activation": False},
+    raw = httpx.post(f"{served.url}/classify", json={"model": "m", "input": texts[0], "use_activation": False},
                      headers=auth()).json()
     assert abs(raw["data"][-1]["probs"][-1] - direct[0][1]) <= 1e-5
     assert abs(logit_to_reward(raw["data"][-1]["probs"][-1]) - direct[0][0]) <= 1e-5
-    data = assert_error(httpx.post(f"{served.url}/classify", json={"input": ["hello"]}, headers=auth()), 422,
-                        "invalid_request")
-    assert "<reference_answer>" in data["error"]["message"]
-    assert_error(httpx.post(f"{served.url}/classify", json={"input": texts}), 401, "unauthorized")
+    # vLLM 0.32 ignores the older names of use_activation: so does the service
+    ignored = httpx.post(f"{served.url}/classify", json={"input": texts[0], "activation": False, "softmax": False},
+                         headers=auth()).json()
+    assert abs(ignored["data"][0]["probs"][0] - direct[0][0]) <= 1e-5
+
+    def assert_vllm_error(reply: httpx.Response, status: int, kind: str) -> dict[str, Any]:
+        assert reply.status_code == status, reply.text
+        data = reply.json()
+        assert set(data) == {"error"} and set(data["error"]) == {"message", "type", "param", "code"}  # vLLM's
+        assert data["error"]["type"] == kind and data["error"]["code"] == status and data["error"]["message"]
+        return data["error"]
+
+    error = assert_vllm_error(httpx.post(f"{served.url}/classify", json={"input": ["hello"]}, headers=auth()), 400,
+                              "BadRequestError")
+    assert "<reference_answer>" in error["message"]
+    error = assert_vllm_error(httpx.post(f"{served.url}/classify", json={"input": 5}, headers=auth()), 400,
+                              "Bad Request")
+    assert error["param"] == "body.input"
+    assert_vllm_error(httpx.post(f"{served.url}/classify", json={"input": texts[0], "normalize": True},
+                                 headers=auth()), 400, "BadRequestError")
+    assert_vllm_error(httpx.post(f"{served.url}/v1/classify", content=b"not json", headers=auth()), 400,
+                      "Bad Request")
+    reply = httpx.post(f"{served.url}/classify", json={"input": texts})
+    assert_vllm_error(reply, 401, "Unauthorized")
+    assert reply.headers["WWW-Authenticate"] == "Bearer"
+    too_many = httpx.post(f"{served.url}/classify", json={"input": texts * 2}, headers=auth())  # max_items 4
+    assert_vllm_error(too_many, 413, "Request Entity Too Large")
+    # the other routes keep the service's own error schema
+    assert_error(httpx.post(f"{served.url}/v1/score", json={"items": 5}, headers=auth()), 422, "invalid_request")
 
 
 class RecordingTransport:

@@ -209,4 +209,5 @@ class RewardCore:
     def info(self) -> ModelInfo:
         tokenizer = self.rm.tokenizer
         return ModelInfo(self.config.model, self.rm.version, self.rm.parameters, str(self.rm.device), self.last_key,
-                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token, self.tokenizer_source)
+                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token, self.tokenizer_source,
+                         self.rm.model.config.id2label.get(0, "LABEL_0"))

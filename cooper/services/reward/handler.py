@@ -134,7 +134,11 @@ class RewardHttpHandler:
 
     async def classify(self, request: protocol.ClassificationRequest) -> protocol.ClassificationResponse:
         """vLLM's /classify over VerifyRM: each input is a template text; one class, probability sigmoid(logit)."""
+        if request.normalize is not None:
+            raise ApiError(422, "invalid_request", "Parameter `normalize` was removed; use `use_activation` instead.")
         texts = [request.input] if isinstance(request.input, str) else request.input
+        if not texts:
+            raise ApiError(422, "invalid_request", "You must pass at least one prompt")  # vLLM's refusal
         items = []
         for index, text in enumerate(texts):
             item = parse_input(text)
@@ -145,9 +149,8 @@ class RewardHttpHandler:
             items.append(item)
         self._check_limits([(i.question, i.reference, i.completion) for i in items])
         result = await self._score(items)
-        flags = [request.use_activation, request.activation, request.softmax]
-        activation = next((flag for flag in flags if flag is not None), True)
-        data = [protocol.ClassificationData(index=index, label="correct" if logit > 0 else "incorrect",
+        activation = request.use_activation is not False  # vLLM 0.32 reads only use_activation (default on)
+        data = [protocol.ClassificationData(index=index, label=self.service.info().label,
                                             probs=[logit_to_reward(logit) if activation else logit], num_classes=1)
                 for index, logit in enumerate(result.logits)]
         return protocol.ClassificationResponse(

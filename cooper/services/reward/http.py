@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -35,6 +37,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
                                "see Retry-After")]
 }
 
+CLASSIFY_PATHS = ("/classify", "/v1/classify")  # vLLM serves the first, SGLang the second
+CLASSIFY_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": protocol.ClassificationErrorResponse, "description": text}
+    for status, text in [(400, "malformed body, an input that is not the VerifyRM template text, or `normalize`"),
+                         (401, "missing or wrong bearer token"), (413, "too many inputs, text or body too long"),
+                         (503, ERRORS[503]["description"]),
+                         ("4XX", "every refusal, in vLLM's error body (no 422: FastAPI's default, which these routes "
+                                 "never answer)")]
+}
+
 bearer = HTTPBearer(auto_error=False, description="reward.http.token, when one is configured")
 
 
@@ -45,6 +57,52 @@ def _error_response(err: ApiError, headers: Mapping[str, str] | None = None) -> 
     if err.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(err.body().model_dump(), status_code=err.status, headers=headers)
+
+
+def _classify_error_response(err: ApiError, headers: Mapping[str, str] | None = None, type: str | None = None,
+                             param: str | None = None) -> JSONResponse:
+    """`err` as vLLM's server answers it: an invalid request is 400 (ours are 422 elsewhere), the body vLLM's."""
+    status = 400 if err.status == 422 else err.status
+    type = type or ("BadRequestError" if status == 400 else HTTPStatus(status).phrase)
+    body = protocol.ClassificationErrorResponse(error=protocol.ClassificationErrorDetail(
+        message=err.message, type=type, param=param, code=status))
+    response = _error_response(err, headers)  # its headers: Retry-After, WWW-Authenticate
+    return JSONResponse(body.model_dump(), status_code=status, headers={
+        name: value for name, value in response.headers.items() if name in ("retry-after", "www-authenticate")})
+
+
+# Pydantic's names for the branches of a type in an error's location ("input", "str"), which vLLM drops from `param`
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none", "union", "tagged-union", "nullable", "default",
+             "chain", "lax-or-strict", "json-or-python", "function-after", "function-before", "function-wrap"}
+
+
+def _param(loc: Sequence[int | str]) -> str | None:
+    """The `param` vLLM names for an error at `loc`: "body.input", not "body.input.str"."""
+    return ".".join(str(p) for p in loc if str(p) not in _BRANCHES and "[" not in str(p)) or None
+
+
+class ClassifyRoute(APIRoute):
+    """A route that refuses as vLLM's server does (400, vLLM's error body), for /classify: vLLM's clients read its
+    errors. Catching here, around the route, keeps the app's exception handlers one table for every other route."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        route_handler = super().get_route_handler()
+
+        async def refusing_as_vllm(request: Request) -> Response:
+            try:
+                return await route_handler(request)
+            except RequestValidationError as err:
+                problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()[:5])
+                first = err.errors()[0]["loc"] if err.errors() else ()
+                return _classify_error_response(ApiError(400, "invalid_request", f"malformed request: {problems}"),
+                                                type="Bad Request", param=_param(first))
+            except ApiError as err:
+                return _classify_error_response(err)
+            except StarletteHTTPException as err:  # a body FastAPI cannot decode
+                return _classify_error_response(ApiError(err.status_code, "invalid_request", str(err.detail)),
+                                                err.headers, type=HTTPStatus(err.status_code).phrase)
+
+        return refusing_as_vllm
 
 
 class BodyLimit:
@@ -60,7 +118,8 @@ class BodyLimit:
                 if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                     err = ApiError(413, "too_large", f"request body of {int(value)} bytes; at most {self.max_bytes} "
                                    "(reward.http.max_body_mb)")
-                    await _error_response(err)(scope, receive, send)
+                    render = _classify_error_response if scope["path"] in CLASSIFY_PATHS else _error_response
+                    await render(err)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
@@ -148,9 +207,11 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         response.headers.update(api.stale_headers())
         return await api.classify(body)
 
-    for path in ("/classify", "/v1/classify"):  # vLLM serves the first, SGLang the second
-        app.post(path, response_model=protocol.ClassificationResponse, responses=ERRORS,
-                 operation_id=f"classify{path.replace('/', '_')}")(classify)
+    classify_routes = APIRouter(route_class=ClassifyRoute)
+    for path in CLASSIFY_PATHS:
+        classify_routes.post(path, response_model=protocol.ClassificationResponse, responses=CLASSIFY_ERRORS,
+                             operation_id=f"classify{path.replace('/', '_')}")(classify)
+    app.include_router(classify_routes)
 
     @app.get("/healthz", response_model=protocol.StatusResponse, responses={503: ERRORS[503]})
     async def healthz(request: Request) -> Any:

@@ -77,6 +77,7 @@ class ModelInfo:
     pad_token: str | None = None  # the tokenizer's, for protocols that send decoded text with special tokens
     eos_token: str | None = None
     tokenizer_source: str = ""  # where the serving process loads the same tokenizer from
+    label: str = "LABEL_0"  # the model config's id2label[0]: the label vLLM's /classify answers with
 
 
 @dataclass(frozen=True)

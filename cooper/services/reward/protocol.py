@@ -91,9 +91,11 @@ class ClassificationRequest(BaseModel):
     """vLLM's `/classify` request (vllm/entrypoints/pooling/classify/protocol.py), as SGLang and verl's reward loop
     send it. Each input is the VerifyRM template text of docs/design.md section 2.5,
     `<question>Q</question>\\n<reference_answer>R</reference_answer>\\n<completion>C</completion>`: that text is
-    what the model reads, so a classifier client scores a triple by sending it (422 for any other text). Token-id
+    what the model reads, so a classifier client scores a triple by sending it (400 for any other text). Token-id
     and chat inputs are not accepted. `model` is not checked (the service serves one model; the answer names it).
-    Unknown keys are ignored, as vLLM does; known ones must have their declared JSON type (no "1" for 1)."""
+    Unknown keys are ignored, as vLLM does (`activation` and `softmax` among them: vLLM 0.32 reads only
+    `use_activation`); known ones must have their declared JSON type (no "1" for 1). Refusals are vLLM's: 400 and
+    the others in ClassificationErrorResponse."""
 
     model_config = ConfigDict(strict=True)
 
@@ -101,8 +103,8 @@ class ClassificationRequest(BaseModel):
     input: TemplateText | list[TemplateText]
     use_activation: bool | None = Field(default=None, description="false: `probs` holds the raw logit "
                                         "(verl's reward loop asks for that); default true: sigmoid(logit)")
-    activation: bool | None = Field(default=None, description="older name of use_activation")
-    softmax: bool | None = Field(default=None, description="oldest name of use_activation")
+    normalize: bool | None = Field(default=None, description="refused (400), as vLLM 0.32 refuses it: send "
+                                   "use_activation")
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, description="accepted and ignored: inputs are cut "
                                                "to reward.max_length tokens from the start of the completion")
@@ -110,7 +112,8 @@ class ClassificationRequest(BaseModel):
 
 class ClassificationData(BaseModel):
     index: int
-    label: str = Field(description="'correct' when sigmoid(logit) > 0.5, else 'incorrect'")
+    label: str = Field(description="the model's id2label entry of its one class (\"LABEL_0\" unless the model's "
+                       "config names it), as vLLM answers")
     probs: list[float] = Field(description="one class: [sigmoid(logit)], or [logit] with use_activation=false; "
                                "reward.discrete does not apply")
     num_classes: int = Field(description="1: VerifyRM has one output")
@@ -121,6 +124,7 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
     completion_tokens: int | None = 0
     prompt_tokens_details: dict[str, int] | None = None
+    completion_tokens_details: dict[str, int] | None = None
 
 
 class ClassificationResponse(BaseModel):
@@ -134,6 +138,21 @@ class ClassificationResponse(BaseModel):
     data: list[ClassificationData]
     usage: UsageInfo
     version: int
+
+
+class ClassificationErrorDetail(BaseModel):
+    message: str = Field(description="what went wrong and what to do")
+    type: str = Field(description="vLLM's: 'Bad Request' for a body of the wrong shape, 'BadRequestError' for "
+                      "other invalid requests, else the status's phrase ('Unauthorized', 'Service Unavailable')")
+    param: str | None = Field(default=None, description="the field at fault, as 'body.input', when known")
+    code: int = Field(description="the HTTP status")
+
+
+class ClassificationErrorResponse(BaseModel):
+    """vLLM's error body (vllm/entrypoints/serve/engine/protocol.py ErrorResponse), every refusal of /classify, so
+    that vLLM's clients read them as vLLM's own. The other routes answer in ErrorResponse."""
+
+    error: ClassificationErrorDetail
 
 
 class ErrorDetail(BaseModel):
