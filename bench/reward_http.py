@@ -119,7 +119,7 @@ def naive_server(port: int) -> None:
     from fastapi import FastAPI, Request
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from cooper.services.reward.verify_rm import format_input
+    from cooper.services.reward.verify_rm import format_input, logit_to_reward
 
     path = os.environ["COOPER_BENCH_MODEL_DIR"]
     device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")
@@ -139,7 +139,7 @@ def naive_server(port: int) -> None:
             ids = tokenizer.encode(format_input(i["question"], i["reference"], i["completion"])).ids
             with torch.inference_mode():
                 logit = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, 0].float()
-            scores.append({"score": torch.sigmoid(logit).item(), "logit": logit.item()})
+            scores.append({"score": logit_to_reward(logit.item()), "logit": logit.item()})
         return {"scores": scores}
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=256)
