@@ -15,8 +15,10 @@ from cooper.config import OptimConfig
 from cooper.runtime.models import resolve_model
 from cooper.services.reward.verify_rm import VerifyRM
 
-RM_LOGIT_TOLERANCE = 0.1
-"""Largest |logit_bf16 - logit_fp32| of a VerifyRM score (tiny RM logits are O(1); measured: 0.039)."""
+RM_LOGIT_TOLERANCE, RM_MEDIAN_LOGIT_TOLERANCE, RM_SCORE_TOLERANCE = 0.5, 0.05, 0.1
+"""|logit_bf16 - logit_fp32| of VerifyRM scores: the largest, the median, and the largest score (probability) gap.
+Measured on the v8 tiny RM (logits up to |7|, sharper than v7's, whose largest gap was 0.039): median 0.012, largest
+0.377 on one item of 24 near the boundary (logit -1.1; scores 0.243 and 0.319)."""
 
 
 def test_reward_model_in_bf16_trains_like_float32_and_scores_alike() -> None:
@@ -28,8 +30,11 @@ def test_reward_model_in_bf16_trains_like_float32_and_scores_alike() -> None:
     assert bf16.autocast_dtype == torch.bfloat16 and next(bf16.model.parameters()).dtype == torch.float32
 
     items = tiny_items(24)
-    gap = max(abs(a[1] - b[1]) for a, b in zip(fp32.score(items), bf16.score(items), strict=True))
-    assert gap < RM_LOGIT_TOLERANCE, f"bf16 scores are {gap} from float32"
+    pairs_of_scores = list(zip(fp32.score(items), bf16.score(items), strict=True))
+    gaps = sorted(abs(a[1] - b[1]) for a, b in pairs_of_scores)
+    assert gaps[-1] < RM_LOGIT_TOLERANCE, f"bf16 logits are up to {gaps[-1]} from float32"
+    assert gaps[len(gaps) // 2] < RM_MEDIAN_LOGIT_TOLERANCE, f"bf16 logits are {gaps[len(gaps) // 2]} from float32 (median)"
+    assert max(abs(a[0] - b[0]) for a, b in pairs_of_scores) < RM_SCORE_TOLERANCE
 
     deltas = {}
     for name, rm in (("fp32", fp32), ("bf16", bf16)):

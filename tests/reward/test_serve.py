@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.services.reward.client import RewardClient
@@ -69,7 +70,8 @@ def test_serve_reward_grpc_and_http_then_sigterm_saves(tmp_path: Path) -> None:
     restarted = RewardCore.load(make_config(tmp_path, checkpoint_dir=str(tmp_path / "ckpt")))
     assert restarted.rm.version == 1 and restarted.last_key == "run/7"
     assert restarted.checkpoint_path.endswith("v00000001-u00000001")
-    assert restarted.rm.logits(restarted.rm.encode(items), batch_size=len(items)) == scored.logits
+    # Up to float rounding (another process, its own thread pool): a model of another version differs by far more.
+    assert restarted.rm.logits(restarted.rm.encode(items), batch_size=len(items)) == pytest.approx(scored.logits, abs=1e-5)
 
 
 def running(pid: int) -> bool:
