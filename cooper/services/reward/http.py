@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
@@ -207,11 +207,10 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         response.headers.update(api.stale_headers())
         return await api.classify(body)
 
-    classify_routes = APIRouter(route_class=ClassifyRoute)
-    for path in CLASSIFY_PATHS:
-        classify_routes.post(path, response_model=protocol.ClassificationResponse, responses=CLASSIFY_ERRORS,
-                             operation_id=f"classify{path.replace('/', '_')}")(classify)
-    app.include_router(classify_routes)
+    for path in CLASSIFY_PATHS:  # on the app's own router (an included router is opaque in app.routes)
+        app.router.add_api_route(path, classify, methods=["POST"], response_model=protocol.ClassificationResponse,
+                                 responses=CLASSIFY_ERRORS, operation_id=f"classify{path.replace('/', '_')}",
+                                 route_class_override=ClassifyRoute)
 
     @app.get("/healthz", response_model=protocol.StatusResponse, responses={503: ERRORS[503]})
     async def healthz(request: Request) -> Any:
