@@ -44,8 +44,8 @@ def vllm_logprobs(core: Any, prompt: list[int], completion: list[int]) -> list[f
     from vllm import SamplingParams as VLLMSampling
     from vllm.inputs import TokensPrompt
 
-    out = core.engine.llm.generate([TokensPrompt(prompt_token_ids=prompt + completion)],
-                                   VLLMSampling(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)
+    out = core.engine.on_engine_thread(core.engine.llm.generate, [TokensPrompt(prompt_token_ids=prompt + completion)],
+                                       VLLMSampling(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)
     entries = out[0].prompt_logprobs
     return [entries[len(prompt) + k][token].logprob for k, token in enumerate(completion)]
 

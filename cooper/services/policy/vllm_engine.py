@@ -21,7 +21,8 @@ Left out: tensor parallelism (weights are copied whole), sleep mode between roll
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -95,8 +96,13 @@ class VLLMEngine:
         }
         if cfg.vllm_max_model_len:
             kwargs["max_model_len"] = cfg.vllm_max_model_len
+        # Every call into the engine runs on the one thread that built it. vLLM's CPU worker binds that thread's
+        # OpenMP threads when it starts, and its attention kernel checks that the thread running a step has the
+        # thread count its metadata was built with: called from a gRPC worker thread, a bf16 step aborted the
+        # process here ("cpu_attn_impl.hpp: Check failed: input->metadata->thread_num == thread_num (2 vs. 1)").
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         with random_state_kept():
-            self.llm = vllm.LLM(**kwargs)
+            self.llm = self._thread.submit(vllm.LLM, **kwargs).result()
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
@@ -109,10 +115,17 @@ class VLLMEngine:
                 torch.save({name: t.detach().cpu() for name, t in self.model.state_dict().items()}, buffer)
                 payload = buffer.getvalue()
         try:
-            self.llm.collective_rpc("cooper_load_weights", args=(payload,))
-            self.llm.reset_prefix_cache()
+            self.on_engine_thread(self._load_weights, payload)
         except Exception as err:  # vLLM's RPC wraps whatever the worker raised in a plain Exception
             raise EngineError(f"the new weights did not reach the vLLM engine: {err}") from err
+
+    def on_engine_thread(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`call(*args, **kwargs)` on the thread that owns the engine (see __init__), for direct use of `self.llm`."""
+        return self._thread.submit(call, *args, **kwargs).result()
+
+    def _load_weights(self, payload: list[tuple[str, Any]] | bytes) -> None:
+        self.llm.collective_rpc("cooper_load_weights", args=(payload,))
+        self.llm.reset_prefix_cache()
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Completion]]:
         problem = vllm_sampling_problem(sampling.temperature, sampling.n, "sampling.temperature")
@@ -121,7 +134,7 @@ class VLLMEngine:
         prompt_ids = [encode_prompt(self.tokenizer, text) for text in prompts]
         seeds = completion_seeds(sampling.seed, len(prompts), sampling.n)
         with vllm_errors_translated():
-            return self._generate(prompt_ids, sampling, seeds)
+            return self.on_engine_thread(self._generate, prompt_ids, sampling, seeds)
 
     def _generate(self, prompt_ids: list[list[int]], sampling: SamplingParams, seeds: list[int]
                   ) -> list[list[Completion]]:
