@@ -203,7 +203,9 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
-    if source == "reward_model" and "verifier_reward" in ctx.store.state().get(ALARM_ACTIVE_KEY, []):
+    # (The run state is read only when the alarm may act: it is a Redis round trip on every step's update.)
+    acting = source == "reward_model" and ctx.config.alarm.mode == "act"
+    if acting and "verifier_reward" in ctx.store.state().get(ALARM_ACTIVE_KEY, []):
         rewards, source = verifier_rewards(ctx.result(graph.VERIFY, step)), "verifier"
     reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
