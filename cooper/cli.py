@@ -107,7 +107,8 @@ def _experiment(args: argparse.Namespace) -> int:
     from cooper.orchestrator.experiment import run_experiment
 
     _, verdict = run_experiment(config, modes, seeds=args.seeds, parallel=args.parallel,
-                                best_of_n_samples=args.best_of_n, progress=not args.no_progress)
+                                best_of_n_samples=args.best_of_n, progress=not args.no_progress,
+                                no_action_control=args.no_action_control)
     return 1 if args.strict and not verdict["reproduced"] else 0
 
 
@@ -125,6 +126,7 @@ Examples:
   cooper experiment                                   # the tiny preset, one seed
   cooper experiment --seeds 0,1,2 --parallel 2        # what bench/experiment.py runs
   cooper experiment --modes static,cooper run.steps=40
+  cooper experiment --modes static --seeds 1,2,3 --no-action-control alarm.mode=act   # the alarm acting vs not
 """
 
 
@@ -289,6 +291,9 @@ def _parser() -> argparse.ArgumentParser:
     experiment.add_argument("--best-of-n", type=int, default=32, metavar="N",
                             help="samples per test problem for the best-of-n baseline of the initial VerifyRM "
                                  "(0: skip; default 32)")
+    experiment.add_argument("--no-action-control", action="store_true",
+                            help="with alarm.mode=act: also run each static/cooper run with the alarm only warning "
+                                 "(label <mode>-noaction), and print the held-out accuracy of both")
     experiment.add_argument("--strict", action="store_true",
                             help="exit 1 when the finding was not reproduced (for scripts)")
     _add_config_options(experiment, "run.steps=20 run.seed=1", progress="no progress bars")

@@ -62,3 +62,15 @@ def test_the_held_out_set_is_made_of_held_out_chains_only_and_covers_them() -> N
     seen = {key for key in _keys(make_split(256, 21, "test")) if len(key[0]) == 1}
     assert len(seen & _keys(make_split(2000, 21, "train"))) >= 0.95 * len(seen)
     assert len(train) == 2000 and {e.data_source for e in tests["seen"]} == {"seen"}
+
+
+def test_the_noisy_reward_models_labels_are_a_quarter_flipped_and_the_same_each_time() -> None:
+    from cooper.tiny.warm_start import NOISY_LABEL_SHARE, rm_pretraining_data
+
+    clean = rm_pretraining_data(600)
+    noisy = rm_pretraining_data(600, label_noise=NOISY_LABEL_SHARE)
+    assert [(t.question, t.completion) for t in clean] == [(t.question, t.completion) for t in noisy]
+    flipped = sum(a.label != b.label for a, b in zip(clean, noisy, strict=True)) / len(clean)
+    assert abs(flipped - NOISY_LABEL_SHARE) < 0.04  # ~1,300 examples: the share within about 3 standard errors
+    assert noisy == rm_pretraining_data(600, label_noise=NOISY_LABEL_SHARE)  # annotators' mistakes are fixed
+    assert sum(t.label for t in clean) == 600  # one worked, right solution per problem, every other text wrong

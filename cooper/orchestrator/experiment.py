@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -129,17 +130,22 @@ def compare_plot(runs: Runs, path: Path) -> Path:
 
 
 def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
-    """Per mode and seed: the reward-hacking alarm's raises, the first one's step, the steps the policy trained on
-    the verifier's reward instead (act mode), and the final test accuracy. Empty when no run was watched."""
-    rows = [["mode", "seed", "alarms", "first at", "steps on verifier", f"test end ({benchmark})"]]
-    for mode, by_seed in _as_seeds(runs).items():
-        for seed, records in zip(seeds, by_seed, strict=True):
+    """Per run label and seed: the reward-hacking alarm's raises, the first one's step, the steps the policy trained
+    on the verifier's reward instead (act mode), the final test accuracy and, where the run has a no-action control
+    (`<label>-noaction`, the alarm only warning), the control's. Empty when no run was watched."""
+    by_label = _as_seeds(runs)
+    rows = [["run", "seed", "alarms", "first at", "steps on verifier", f"test end ({benchmark})", "no-action end"]]
+    for label, by_seed in by_label.items():
+        controls = by_label.get(label + NO_ACTION, [])
+        for index, (seed, records) in enumerate(zip(seeds, by_seed, strict=True)):
             if not any("alarm/state" in r for r in records):
                 continue
             raises = [r["step"] for r in records if r.get("alarm/event") == "raised"]
             acted = sum(r.get("reward_source") == "verifier" for r in records)
             end = _last_value(records, f"test/{benchmark}") if benchmark else None
-            rows.append([mode, str(seed), str(len(raises)), str(raises[0]) if raises else "-", str(acted), _fmt(end)])
+            control = _last_value(controls[index], f"test/{benchmark}") if controls and benchmark else None
+            rows.append([label, str(seed), str(len(raises)), str(raises[0]) if raises else "-", str(acted), _fmt(end),
+                         _fmt(control)])
     if len(rows) == 1:
         return ""
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
@@ -184,9 +190,20 @@ def _write_config(config: CooperConfig, path: Path) -> Path:
     return path
 
 
-def _start_run(config_path: Path, mode: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
+NO_ACTION = "-noaction"
+"""Suffix of a control run's label: the same mode and seed with the alarm only warning (`--no-action-control`)."""
+
+
+def mode_of(label: str) -> str:
+    """The reward mode of a run label: `static` and its no-action control `static-noaction` are both static."""
+    return label.removesuffix(NO_ACTION)
+
+
+def _start_run(config_path: Path, label: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
+    # Warn mode computes the same alarm and acts on nothing: the control sees when it would have raised.
+    control = ["alarm.mode=warn"] if label.endswith(NO_ACTION) else []
     return start_child([sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
-                         f"run.mode={mode}", f"run.seed={seed}", f"run.name={run_name}"], log_path)
+                         f"run.mode={mode_of(label)}", f"run.seed={seed}", f"run.name={run_name}", *control], log_path)
 
 
 def start_child(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
@@ -300,10 +317,20 @@ def provenance(config: CooperConfig) -> dict[str, Any]:
 
 
 def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: Sequence[int] | None = None,
-                   parallel: int = 1, best_of_n_samples: int = 32, progress: bool = True) -> tuple[Path, dict[str, Any]]:
+                   parallel: int = 1, best_of_n_samples: int = 32, progress: bool = True,
+                   no_action_control: bool = False) -> tuple[Path, dict[str, Any]]:
     """Run every mode for every seed; write the comparison and the reproduction verdict; return its directory and
-    the verdict (what results.json holds)."""
+    the verdict (what results.json holds). With `no_action_control` (alarm.mode must be act), every watched mode
+    also runs with the alarm only warning, as the control the alarm's actions are judged against; the verdict is
+    judged on the acting runs, which are the configuration asked for."""
+    from cooper.config import ConfigError
     from cooper.orchestrator.launch import prepare_models
+
+    watched = [mode for mode in modes if mode != "rule"]  # rule mode has no VerifyRM to watch
+    if no_action_control and (config.alarm.mode != "act" or not watched):
+        raise ConfigError("a no-action control compares the alarm acting with the alarm only warning: it needs "
+                          f"alarm.mode=act (got {config.alarm.mode}) and a static or cooper mode")
+    labels = [*modes, *(mode + NO_ACTION for mode in watched)] if no_action_control else list(modes)
 
     seeds = list(seeds) if seeds else [config.run.seed]
     name = config.run.name or f"experiment-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -318,23 +345,25 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
         measured = measure_best_of_n(config, samples=best_of_n_samples)
         (out / "best_of_n.json").write_text(json.dumps(measured, indent=2))
         curve = [BestOfN(**p) for p in measured["curve"]]
-    jobs = [(mode, seed) for seed in seeds for mode in modes]
+    jobs = [(label, seed) for seed in seeds for label in labels]
     run_dirs = run_all(config, jobs, name, out, parallel, progress)
     records = {job: read_metrics(path) for job, path in run_dirs.items()}
-    runs = {mode: [records[(mode, seed)] for seed in seeds] for mode in modes}
+    runs = {label: [records[(label, seed)] for seed in seeds] for label in labels}
     compare_plot(runs, out / "compare.png")
     overoptimization_plot(runs, out / "overoptimization.png", curve)
     rm_health_plot({m: r for m, r in runs.items() if m != "rule"}, out / "rm_health.png")
     # The verdict reads a benchmark named `heldout` when the data has one, else the first benchmark.
     benchmarks = [k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")]
     benchmark = "heldout" if "heldout" in benchmarks else next(iter(benchmarks), None)
-    summaries = []
+    summaries, controls = [], []
     if benchmark is not None:
-        for (mode, seed), recs in records.items():
+        for (label, seed), recs in records.items():
             start = recs[0].get(f"test_initial/{benchmark}") if recs else None
             if start is not None:
-                summaries.append(summarize(mode, seed, recs, f"test/{benchmark}", float(start)))
-    verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes), "benchmark": benchmark,
+                summary = summarize(mode_of(label), seed, recs, f"test/{benchmark}", float(start))
+                (controls if label.endswith(NO_ACTION) else summaries).append(summary)
+    verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes),
+               "benchmark": benchmark, "no_action_controls": [asdict(s) for s in controls],
                "seconds": round(time.monotonic() - started, 1), "provenance": provenance(config),
                "run_dirs": {f"{m}-s{s}": str(p) for (m, s), p in run_dirs.items()}}
     (out / "results.json").write_text(json.dumps(verdict, indent=2))

@@ -16,9 +16,11 @@ strong on the format it was trained on and blind on another, like real ones (doc
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from cooper.services.reward.items import LabelledTriple
 from cooper.tiny.models import build_tiny, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
 from cooper.tiny.task import bare_answer, carried_error_solution, make_split, wrong_solution
 
@@ -33,6 +35,10 @@ WRONG_SHARE = 0.0  # worked solutions with a wrong number (v5 used 0.25): none, 
 # measured with bench/rm_pretraining.py; docs/experiments.md).
 RM_PROBLEMS, RM_EPOCHS, RM_LR, RM_NEGATIVES = 1500, 12, 1e-3, "mixed"
 ANSWERLESS_SHARE = 0.2
+# "tiny-rm-noisy": 25% of its pretraining labels flipped, the label noise Coste et al. (ICLR 2024) needed to see
+# over-optimisation of a proxy RM clearly; taken from the paper, not tuned here. Annotators, human or LLM, disagree
+# with the truth about that often. It is the reward model of the alarm's demonstration (docs/experiments.md).
+NOISY_LABEL_SHARE = 0.25
 def _prompt(question: str) -> str:
     from cooper.config import DataConfig
 
@@ -93,23 +99,33 @@ NEGATIVE_KINDS = {
 }
 
 
-def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, epochs: int = RM_EPOCHS) -> Any:
-    """A fresh tiny VerifyRM after BCE pretraining: per problem its worked solution (label 1), one wrong solution
-    of the `negatives` kind (label 0) and, ANSWERLESS_SHARE of the time, an answer-less text (label 0)."""
-    import torch
-
-    from cooper.config import OptimConfig
-    from cooper.services.reward.verify_rm import LabelledTriple, VerifyRM
-
-    torch.set_num_threads(1)
-    rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
+def rm_pretraining_data(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES,
+                        label_noise: float = 0.0) -> list[LabelledTriple]:
+    """VerifyRM's pretraining examples: per problem its worked solution (label 1), one wrong solution of the
+    `negatives` kind (label 0) and, ANSWERLESS_SHARE of the time, an answer-less text (label 0). With
+    `label_noise`, that share of the labels is flipped, once and the same on every call, like annotators' mistakes."""
     rng, kinds, triples = random.Random(1), NEGATIVE_KINDS[negatives], []
     for p in make_split(problems, 0, "rm"):
         wrong = kinds[0] if len(kinds) == 1 else rng.choice(kinds)
-        triples.append(LabelledTriple(p.question, p.answer, p.solution, 1))
-        triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), 0))
+        triples.append(LabelledTriple(p.question, p.answer, p.solution, True))
+        triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), False))
         if rng.random() < ANSWERLESS_SHARE:
-            triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", 0))
+            triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", False))
+    noise = random.Random(2)
+    return [t if noise.random() >= label_noise else replace(t, label=not t.label) for t in triples]
+
+
+def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, epochs: int = RM_EPOCHS,
+                  label_noise: float = 0.0) -> Any:
+    """A fresh tiny VerifyRM after BCE pretraining on `rm_pretraining_data`."""
+    import torch
+
+    from cooper.config import OptimConfig
+    from cooper.services.reward.verify_rm import VerifyRM
+
+    torch.set_num_threads(1)
+    rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
+    triples = rm_pretraining_data(problems, negatives, label_noise)
     # One epoch per AdamW, restarted each epoch (warm restarts). The reference check is learned suddenly, after a
     # plateau at AUROC ~0.6: with restarts it came by epoch 10 (mixed negatives); one AdamW over all epochs was
     # still on the plateau at epoch 26 (docs/experiments.md).
@@ -118,8 +134,8 @@ def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, ep
     return rm
 
 
-def _pretrain_rm(out: Path) -> None:
-    rm = pretrained_rm()
+def _pretrain_rm(out: Path, label_noise: float = 0.0) -> None:
+    rm = pretrained_rm(label_noise=label_noise)
     rm.model.save_pretrained(out, safe_serialization=True)
     rm.tokenizer.save_pretrained(out)
 
@@ -135,3 +151,8 @@ def tiny_sft_hd32_policy_dir() -> Path:
 
 def tiny_pretrained_rm_dir() -> Path:
     return build_tiny("reward-pretrained", _pretrain_rm)
+
+
+def tiny_noisy_rm_dir() -> Path:
+    """The same VerifyRM pretrained on labels of which NOISY_LABEL_SHARE are flipped ("tiny-rm-noisy")."""
+    return build_tiny("reward-pretrained-noisy", lambda out: _pretrain_rm(out, NOISY_LABEL_SHARE))

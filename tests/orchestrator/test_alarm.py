@@ -185,7 +185,33 @@ def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
     quiet = [{"step": 0, "alarm/state": "clear", "reward_source": "reward_model", "test/heldout": 0.75}]
     table = alarm_table({"static": [watched, quiet], "rule": [[{"step": 0}], [{"step": 0}]]}, [11, 12], "heldout")
     lines = [line.split() for line in table.splitlines()]
-    assert lines[1] == ["static", "11", "1", "1", "1", "0.500"]
-    assert lines[2] == ["static", "12", "0", "-", "0", "0.750"]
+    assert lines[1] == ["static", "11", "1", "1", "1", "0.500", "-"]
+    assert lines[2] == ["static", "12", "0", "-", "0", "0.750", "-"]
     assert len(lines) == 3  # rule mode is never watched: no row
     assert alarm_table({"rule": [[{"step": 0}]]}, [1], "heldout") == ""
+
+
+def test_the_experiment_table_sets_each_acting_run_beside_its_no_action_control() -> None:
+    from cooper.orchestrator.experiment import alarm_table
+
+    acting = [{"step": 0, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "verifier",
+               "test/heldout": 0.9}]
+    warning = [{"step": 0, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "reward_model",
+                "test/heldout": 0.2}]
+    lines = [line.split() for line in alarm_table({"static": [acting], "static-noaction": [warning]}, [5],
+                                                  "heldout").splitlines()]
+    assert lines[1] == ["static", "5", "1", "0", "1", "0.900", "0.200"]
+    assert lines[2] == ["static-noaction", "5", "1", "0", "0", "0.200", "-"]
+
+
+def test_a_no_action_control_needs_an_acting_alarm_and_a_watched_mode(tmp_path) -> None:
+    from cooper.config import ConfigError, load_config
+    from cooper.orchestrator.experiment import mode_of, run_experiment
+
+    warning = load_config(overrides=[f"run.output_dir={tmp_path}", "alarm.mode=warn"])
+    with pytest.raises(ConfigError, match="alarm.mode=act"):
+        run_experiment(warning, ("static",), seeds=[1], no_action_control=True)
+    acting = load_config(overrides=[f"run.output_dir={tmp_path}", "alarm.mode=act"])
+    with pytest.raises(ConfigError, match="static or cooper"):
+        run_experiment(acting, ("rule",), seeds=[1], no_action_control=True)
+    assert mode_of("static-noaction") == "static" and mode_of("cooper") == "cooper"
