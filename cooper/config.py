@@ -241,6 +241,10 @@ class RewardConfig(StrictModel):
     and its negative against 0 (the verifier's labels, as in VerifyRM's pretraining) to the Bradley-Terry loss.
     Bradley-Terry constrains only differences of logits, so all scores may drift up together while the ranking
     stays right; the discrete reward 1[p > 0.5] reads absolute scores, and a drift upward passes wrong answers."""
+    optimizer_restart_every: int = Field(default=0, ge=0)
+    """A variant beside the paper's recipe (0: never): every this many Updates, AdamW's moment estimates are reset
+    before the Update (warm restarts). The tiny VerifyRM learned the reference comparison in pretraining only with
+    AdamW restarted every epoch; with one AdamW throughout it stayed on a plateau (docs/experiments.md)."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
     checkpoint_dir: str = "checkpoints/reward"

@@ -137,6 +137,25 @@ def fresh_bt_loss(tiny_rm_dir: str, pairs) -> float:  # type: ignore[no-untyped-
     return VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu").update(pairs).loss
 
 
+def test_optimizer_restarts_reset_adamws_moments_at_every_nth_version(tiny_rm_dir: str) -> None:
+    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu")
+    pairs = tiny_pairs(4)
+
+    def adam_steps() -> int:
+        return int(next(iter(rm.optimizer.state.values()))["step"])
+
+    counts = []
+    for _ in range(5):
+        rm.update(pairs, optimizer_steps=2, restart_every=2)
+        counts.append(adam_steps())
+    # Reset before the updates at versions 0, 2 and 4: the step count starts again from the reset's 2 steps.
+    assert counts == [2, 4, 2, 4, 2] and rm.version == 5
+    plain = VerifyRM.load(tiny_rm_dir, OptimConfig(lr=1e-3, micro_batch_size=12), device="cpu")
+    for _ in range(3):
+        plain.update(pairs, optimizer_steps=2)
+    assert int(next(iter(plain.optimizer.state.values()))["step"]) == 6  # never reset by default
+
+
 def test_update_changes_every_trained_parameter(rm: VerifyRM) -> None:
     before = {name: p.detach().clone() for name, p in rm.model.named_parameters()}
     rm.update(tiny_pairs(4))

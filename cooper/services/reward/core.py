@@ -121,7 +121,7 @@ class RewardCore:
             return replace(self._results[key], replayed=True)
         replay = [pair for update in self._replay for pair in update]
         result = self.rm.update(list(pairs), replay, self.config.update_steps, self.config.calibration_weight,
-                                self.config.replay_sample)
+                                self.config.replay_sample, self.config.optimizer_restart_every)
         if not result.skipped:
             self._replay.append(list(pairs))
         self.updates += 1

@@ -265,12 +265,15 @@ class VerifyRM:
     # ----- training -----
 
     def update(self, pairs: Sequence[PreferencePair], replay: Sequence[PreferencePair] = (),
-               optimizer_steps: int = 1, calibration_weight: float = 0.0, replay_sample: int = 0) -> UpdateStats:
+               optimizer_steps: int = 1, calibration_weight: float = 0.0, replay_sample: int = 0,
+               restart_every: int = 0) -> UpdateStats:
         """`optimizer_steps` AdamW steps on the Bradley-Terry loss over `pairs` plus `replay` (earlier updates'
         pairs), each over all of them (micro-batches, accumulated gradients); the version rises by one. With
         `calibration_weight` w > 0 the loss is BT + w * calibration_loss (reward.calibration_weight). With
         `replay_sample` k > 0 each step takes all fresh pairs and k replayed ones drawn without replacement
         (reward.replay_sample), from a generator seeded by the version, so a restarted service draws the same.
+        With `restart_every` n > 0, AdamW's state is reset before every n-th update (reward.optimizer_restart_every),
+        counted by the version, so a restarted service resets at the same updates.
 
         Loss and pair accuracy (before and after) are those of the fresh `pairs`: what this step's data taught.
         Skipped, with the version kept, when there are no fresh pairs or a gradient norm is not finite (steps
@@ -278,6 +281,8 @@ class VerifyRM:
         """
         if not pairs:
             return UpdateStats(0.0, 0.0, 0.0, 0.0, self.version, skipped=True)
+        if restart_every and self.version % restart_every == 0:
+            self.optimizer.state.clear()  # fresh moments: AdamW's first steps after it are full-size again
         everything = list(pairs) + list(replay)
         fresh = len(pairs)
         draw = random.Random(self.version)
