@@ -44,6 +44,14 @@ PANELS = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout ver
           ("rm_auroc", "VerifyRM AUROC vs verifier (rollouts)")]
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
 
+NO_ACTION = "-noaction"
+"""Suffix of a control run's label: the same mode and seed with the alarm only warning (`--no-action-control`)."""
+
+
+def mode_of(label: str) -> str:
+    """The reward mode of a run label: `static` and its no-action control `static-noaction` are both static."""
+    return label.removesuffix(NO_ACTION)
+
 
 def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]]]:
     """Accept {mode: records} (one seed) or {mode: [records, ...]} (several)."""
@@ -94,7 +102,8 @@ def compare_plot(runs: Runs, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=110, squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         for mode, seeds in by_mode.items():
-            color = COLORS.get(mode)
+            # A no-action control is its mode's colour, dashed: the same run with the alarm only warning.
+            color, style = COLORS.get(mode_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
             if key.startswith("test/"):
                 per_seed = [accuracy_points(records, key[5:]) for records in seeds]
                 by_x: dict[int, list[float]] = {}
@@ -117,11 +126,14 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], color=color, alpha=0.2, linewidth=0.8)
                 mean = moving_average(mean)
             if mean:
+                name = f"{mode_of(mode)}, no action" if mode.endswith(NO_ACTION) else mode
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
-                        label=mode + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
-                        linewidth=1.8)
+                        label=name + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
+                        linewidth=1.8, linestyle=style)
         if not key.startswith("test/"):  # where the reward-hacking alarm went up: a dotted line per raise
             for mode, seeds in by_mode.items():
+                if mode.endswith(NO_ACTION):
+                    continue  # its raises are the acting run's until the first action: drawn once
                 for step in (r["step"] for records in seeds for r in records if r.get("alarm/event") == "raised"):
                     ax.axvline(step, color=COLORS.get(mode), linestyle=":", linewidth=1.0, alpha=0.7)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -188,15 +200,6 @@ def _write_config(config: CooperConfig, path: Path) -> Path:
     path.write_text(yaml.safe_dump(revealed(config), sort_keys=False))
     os.chmod(path, 0o600)
     return path
-
-
-NO_ACTION = "-noaction"
-"""Suffix of a control run's label: the same mode and seed with the alarm only warning (`--no-action-control`)."""
-
-
-def mode_of(label: str) -> str:
-    """The reward mode of a run label: `static` and its no-action control `static-noaction` are both static."""
-    return label.removesuffix(NO_ACTION)
 
 
 def _start_run(config_path: Path, label: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
