@@ -18,7 +18,7 @@ service's (below).
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
 wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers (where there are 2 physical cores),
-LitServe with fast_queue off and on. vLLM has no batching timer (its scheduler takes whatever has arrived at each
+LitServe with fast_queue off and on, the service with 2 and 3 batches in flight (reward.batching.max_inflight). vLLM has no batching timer (its scheduler takes whatever has arrived at each
 step) and runs at its defaults but for prefix caching (off: see server_command). Then each server's best setting
 runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its one reading.
 
@@ -356,6 +356,8 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
             return [dict(s, workers=n) for n in ((1, 2) if cores >= 2 else (1,)) for s in grid]
         if name == "litserve":
             return [dict(s, fast_queue=q) for q in (False, True) for s in grid]
+        if name == "service":
+            return [dict(s, inflight=n) for n in (2, 3) for s in grid]
         return grid
     return [{}]
 
@@ -378,6 +380,8 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
     if name in ("service", "baseline"):
         batching = [f"reward.batching.max_batch_size={setting['max_batch']}",
                     f"reward.batching.max_wait_ms={setting['max_wait_ms']}"] if setting else []
+        if "inflight" in setting:
+            batching.append(f"reward.batching.max_inflight={setting['inflight']}")
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
                 f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32", *batching]

@@ -7,8 +7,8 @@ jobs. The runner runs what it is given one job at a time in submission order, so
 weights, and because a request's items are queued together and the queue is FIFO, all items of one request come
 from the same model version.
 
-Pipelining: up to `max_inflight` jobs are submitted at once (default 2: one running, the next waiting at the
-model), so the model starts the next batch the moment it finishes one instead of idling through a round trip to
+Pipelining: up to `batching.max_inflight` jobs are submitted at once (default 2: one running, the next waiting at
+the model), so the model starts the next batch the moment it finishes one instead of idling through a round trip to
 this loop. A batch is still cut as late as possible: when a slot frees, from everything that has arrived.
 
 Admission control: at most `max_queue` items wait (beyond: QueueFull, with a retry hint); an item that waited
@@ -91,10 +91,10 @@ class _Exclusive:
 class Batcher:
     """Start with `start()` inside the event loop; `submit` scores, `run_exclusive` runs a model job alone."""
 
-    def __init__(self, run_batch: RunBatch, config: BatchingConfig, max_inflight: int = 2):
+    def __init__(self, run_batch: RunBatch, config: BatchingConfig):
         self.run_batch = run_batch
         self.config = config
-        self._slots = asyncio.Semaphore(max_inflight)  # jobs submitted to the model and not yet answered
+        self._slots = asyncio.Semaphore(config.max_inflight)  # jobs submitted to the model and not yet answered
         self._inflight: set[asyncio.Task[None]] = set()
         self._queue: deque[_Request | _Exclusive] = deque()
         self._queued_items = 0
