@@ -369,7 +369,8 @@ def setting_label(setting: dict) -> str:
 def setting_env(setting: dict) -> dict[str, str]:
     """A peer's setting as the environment bench/peers/*_server.py read."""
     names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
-             "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE"}
+             "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE",
+             "inflight": "COOPER_BENCH_INFLIGHT"}  # the service's, given as an override, not read from here
     return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()}
 
 
