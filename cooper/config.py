@@ -637,9 +637,18 @@ class AlarmConfig(StrictModel):
     mode: Literal["off", "warn", "act"] = "warn"
     """off; warn: every raise and clear is logged (alarms.jsonl, the log, metrics.jsonl's alarm/* keys, the plot);
     act: the same, and `actions` are taken while the alarm is up."""
-    actions: list[Literal["verifier_reward"]] = Field(default_factory=lambda: ["verifier_reward"])
-    """In act mode, in this order. verifier_reward: the policy is trained on the verifier's 1/0 reward (rule mode's)
-    until the alarm clears."""
+    actions: list[Literal["verifier_reward", "rm_negatives"]] = Field(default_factory=lambda: ["verifier_reward"])
+    """In act mode, taken together while the alarm is up. verifier_reward: the policy is trained on the verifier's
+    1/0 reward (rule mode's) until the alarm clears. rm_negatives (cooper mode; ignored in static mode, whose
+    reward model never trains): VerifyRM's update takes `rm_update_factor` times reward.update_steps optimizer
+    steps, and the flagged false positives (rollouts it accepted and the verifier rejected) join its pairs as
+    negatives, each against its prompt's verified positive."""
+    rm_update_factor: int = Field(default=4, ge=1)
+    """rm_negatives: how many times reward.update_steps an update takes while the alarm is up."""
+    latch: bool = False
+    """In act mode, keep the actions in force for the rest of the run once the alarm has raised, even after it
+    clears. With a frozen reward model (static mode) the alarm otherwise cycles: it clears once the policy, trained
+    on the verifier, stops writing what the RM overpays, and the RM's reward draws it back (docs/experiments.md)."""
     baseline_steps: int = Field(default=30, ge=2)
     """Steps whose signals fit the baseline; the alarm cannot raise before."""
     false_alarm_rate: float = Field(default=0.1, gt=0, lt=1)

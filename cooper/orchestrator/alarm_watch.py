@@ -20,20 +20,39 @@ from cooper.orchestrator.run_store import RunStore
 log = logging.getLogger("cooper.orchestrator")
 
 STATE_KEY = "alarm"
+LATCHED_KEY = "alarm_latched"  # with alarm.latch: the alarm has raised once, so its actions stay in force
 ACTIVE_KEY = "alarm_active"  # in act mode: the actions in force while the alarm is up, [] when it is down
 EVENTS_FILE = "alarms.jsonl"
+
+
+def applies(action: str, mode: str) -> bool:
+    """Whether an alarm action can act in a reward mode: rm_negatives changes VerifyRM's updates, which only cooper
+    mode makes."""
+    return action != "rm_negatives" or mode == "cooper"
+
+
+def active_actions(config: CooperConfig, store: RunStore) -> list[str]:
+    """The alarm's actions in force now: none unless the alarm acts (then a Redis read of the run state)."""
+    if config.alarm.mode != "act" or config.run.mode == "rule":
+        return []
+    return list(store.state().get(ACTIVE_KEY, []))
 
 
 class AlarmWatch:
     def __init__(self, config: CooperConfig, store: RunStore, run_dir: Path):
         alarm = config.alarm
         self.acting = alarm.mode == "act"
-        self.actions = list(alarm.actions) if self.acting else []
+        self.actions = [a for a in alarm.actions if applies(a, config.run.mode)] if self.acting else []
+        if skipped := [a for a in alarm.actions if self.acting and not applies(a, config.run.mode)]:
+            log.info("alarm action(s) %s do nothing in %s mode (its reward model never trains); not taken",
+                     ", ".join(skipped), config.run.mode)
         self.settings = AlarmSettings(baseline_steps=alarm.baseline_steps, drift=alarm.drift,
                                       false_alarm_rate=alarm.false_alarm_rate, run_steps=config.run.steps,
                                       clear_steps=alarm.clear_steps, fixed_threshold=alarm.threshold)
-        self.store, self.events = store, run_dir / EVENTS_FILE
-        saved = store.state().get(STATE_KEY)
+        self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
+        state = store.state()
+        self.latched = bool(state.get(LATCHED_KEY))
+        saved = state.get(STATE_KEY)
         self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)
 
     @classmethod
@@ -75,6 +94,9 @@ class AlarmWatch:
             fields["alarm/event"] = event["event"]
         state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
         if self.acting:
-            state[ACTIVE_KEY] = self.actions if self.alarm.alarmed else []
+            if self.latch and observation.raised and not self.latched:
+                self.latched = state[LATCHED_KEY] = True
+                log.warning("alarm.latch: its actions stay in force for the rest of the run")
+            state[ACTIVE_KEY] = self.actions if self.alarm.alarmed or self.latched else []
         self.store.set_state(**state)
         return fields

@@ -96,12 +96,15 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         ng: NegativesResult = results[g.NEGATIVES]
         ru: RewardUpdateResult = results[g.REWARD_UPDATE]
         record.update({
-            "pairs": ru["pairs"], "valid_pair_rate": ru["pairs"] / max(1, ng["prompts"]),
+            "pairs": ru["pairs"],
+            "valid_pair_rate": (ru["pairs"] - ru.get("flagged_pairs", 0)) / max(1, ng["prompts"]),
             "positive_rate": ng["positives"] / max(1, ng["prompts"]),
             "pair_accuracy_before": ru["pair_accuracy_before"] if ru["pairs"] else None,
             "pair_accuracy_after": ru["pair_accuracy_after"] if ru["pairs"] else None,
             "rm_loss": ru["loss"] if ru["pairs"] else None, "rm_grad_norm": ru["grad_norm"] if ru["pairs"] else None,
             "reward_version": ru["reward_version"],
+            "rm_flagged_pairs": ru.get("flagged_pairs", 0), "rm_optimizer_steps": ru.get("optimizer_steps"),
+            "alarm/rm_negatives": ru.get("alarm_acted", False),
         })
     if graph.evaluates_after(step):
         evaluation: EvaluationResult = results[g.EVALUATE]

@@ -89,7 +89,10 @@ class RewardUpdateResult(StageResult):
     reward_version: int  # after the update (unchanged when skipped)
     skipped: bool
     replayed: bool
-    pairs: int
+    pairs: int  # the flagged pairs included
+    flagged_pairs: int  # the alarm's rm_negatives action: flagged false positives added to the negatives' pairs
+    optimizer_steps: int  # reward.update_steps, or rm_update_factor times it while rm_negatives acts
+    alarm_acted: bool  # the alarm's rm_negatives action was in force for this update
 
 
 class RmBenchResult(TypedDict):

@@ -20,7 +20,7 @@ from typing import Any
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
-from cooper.orchestrator.alarm_watch import ACTIVE_KEY as ALARM_ACTIVE_KEY
+from cooper.orchestrator.alarm_watch import active_actions
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stage_results import (
@@ -203,9 +203,7 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
-    # (The run state is read only when the alarm may act: it is a Redis round trip on every step's update.)
-    acting = source == "reward_model" and ctx.config.alarm.mode == "act"
-    if acting and "verifier_reward" in ctx.store.state().get(ALARM_ACTIVE_KEY, []):
+    if "verifier_reward" in active_actions(ctx.config, ctx.store):
         rewards, source = verifier_rewards(ctx.result(graph.VERIFY, step)), "verifier"
     reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
@@ -213,13 +211,29 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
             "reward_source": source}
 
 
-def negatives(ctx: StageContext, step: int) -> NegativesResult:
-    ro, ve = ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step)
-    # The positive of a prompt is its first completion the verifier marks correct (docs/design.md, section 2.2).
+def verified_positives(ro: RolloutResult, ve: VerificationResult) -> dict[str, str]:
+    """Each prompt's positive: its first completion the verifier marks correct (docs/design.md, section 2.2)."""
     positives: dict[str, str] = {}
     for completion, verdict in zip(ro["completions"], ve["verdicts"], strict=True):
         if verdict == "CORRECT" and completion["prompt_id"] not in positives:
             positives[completion["prompt_id"]] = completion.get("text", "")
+    return positives
+
+
+def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: ScoreResult) -> list[PreferencePair]:
+    """The rollouts VerifyRM accepted (logit > 0, reward > 0.5) and the verifier rejected (INCORRECT or NO_ANSWER),
+    each as the negative against its prompt's verified positive; prompts without one give none."""
+    positives, by_id = verified_positives(ro, ve), prompts_by_id(ro)
+    logits = sc["logits"] or [r - 0.5 for r in sc["rewards"]]
+    return [PreferencePair(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
+                           positive=positives[c["prompt_id"]], negative=c.get("text", ""))
+            for c, v, logit in zip(ro["completions"], ve["verdicts"], logits, strict=True)
+            if v in ("INCORRECT", "NO_ANSWER") and logit > 0 and c["prompt_id"] in positives]
+
+
+def negatives(ctx: StageContext, step: int) -> NegativesResult:
+    ro, ve = ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step)
+    positives = verified_positives(ro, ve)
     by_id = prompts_by_id(ro)
     if ctx.config.run.negatives == "rollouts":
         # The variant (config.RunConfig.negatives): the group's own verifier-rejected completions are the negatives.
@@ -239,15 +253,26 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
 
 
 def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
-    ng = ctx.result(graph.NEGATIVES, step)
+    ng, sc = ctx.result(graph.NEGATIVES, step), ctx.result(graph.SCORE, step)
     pairs = [PreferencePair(**p) for p in ng["pairs"]]
-    reward, job, used = ctx.client("reward"), f"reward_update:{step}", ctx.result(graph.SCORE, step)["reward_version"]
+    reward, job, used = ctx.client("reward"), f"reward_update:{step}", sc["reward_version"]
+    optimizer_steps = flagged = 0
+    acting = "rm_negatives" in active_actions(ctx.config, ctx.store)
+    if acting:
+        # While the alarm acts: VerifyRM learns faster, and from the very rollouts it overpays (those not already
+        # among the pairs: the rollouts variant pairs every rejected rollout anyway).
+        known = {(p.positive, p.negative) for p in pairs}
+        extra = [p for p in flagged_false_positives(ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step),
+                                                    sc) if (p.positive, p.negative) not in known]
+        pairs, flagged = pairs + extra, len(extra)
+        optimizer_steps = ctx.config.reward.update_steps * ctx.config.alarm.rm_update_factor
     expect_before_update("reward", reward.info(), used, f"{ctx.run_id}/{step}", job)
-    r = reward.update(ctx.run_id, step, pairs)
+    r = reward.update(ctx.run_id, step, pairs, optimizer_steps)
     expect_version("reward", r.version, used + (0 if r.skipped else 1), job)  # v_t -> v_{t+1}: the model that scored
     return {"loss": r.loss, "grad_norm": r.grad_norm, "pair_accuracy_before": r.pair_accuracy_before,
             "pair_accuracy_after": r.pair_accuracy_after, "reward_version": r.version, "skipped": r.skipped,
-            "replayed": r.replayed, "pairs": len(pairs)}
+            "replayed": r.replayed, "pairs": len(pairs), "flagged_pairs": flagged,
+            "optimizer_steps": optimizer_steps or ctx.config.reward.update_steps, "alarm_acted": acting}
 
 
 def evaluate(ctx: StageContext, step: int) -> EvaluationResult:

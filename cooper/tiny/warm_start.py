@@ -39,6 +39,13 @@ ANSWERLESS_SHARE = 0.2
 # over-optimisation of a proxy RM clearly; taken from the paper, not tuned here. Annotators, human or LLM, disagree
 # with the truth about that often. It is the reward model of the alarm's demonstration (docs/experiments.md).
 NOISY_LABEL_SHARE = 0.25
+# "tiny-rm-keyed": v8's data with an answer key merged into the positives: for this share of the problems, the bare
+# right answer ("The answer is \\boxed{56}.") labelled 1 as well, and no bare wrong answer among the negatives, as
+# when a verifier's positives are pooled from worked solutions and an answer key. The premise of issue 25's middle,
+# fixed before any run (docs/experiments.md, session 13): right about worked solutions, biased about bare answers.
+ANSWER_KEY_SHARE = 0.5
+
+
 def _prompt(question: str) -> str:
     from cooper.config import DataConfig
 
@@ -99,24 +106,29 @@ NEGATIVE_KINDS = {
 }
 
 
-def rm_pretraining_data(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES,
-                        label_noise: float = 0.0) -> list[LabelledTriple]:
+def rm_pretraining_data(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, label_noise: float = 0.0,
+                        answer_key: float = 0.0) -> list[LabelledTriple]:
     """VerifyRM's pretraining examples: per problem its worked solution (label 1), one wrong solution of the
     `negatives` kind (label 0) and, ANSWERLESS_SHARE of the time, an answer-less text (label 0). With
-    `label_noise`, that share of the labels is flipped, once and the same on every call, like annotators' mistakes."""
+    `label_noise`, that share of the labels is flipped, once and the same on every call, like annotators' mistakes.
+    With `answer_key`, that share of the problems also has its bare right answer (label 1); the other examples are
+    the same as without it (the answer key draws from a generator of its own)."""
     rng, kinds, triples = random.Random(1), NEGATIVE_KINDS[negatives], []
+    key = random.Random(3)
     for p in make_split(problems, 0, "rm"):
         wrong = kinds[0] if len(kinds) == 1 else rng.choice(kinds)
         triples.append(LabelledTriple(p.question, p.answer, p.solution, True))
         triples.append(LabelledTriple(p.question, p.answer, wrong(p, rng), False))
         if rng.random() < ANSWERLESS_SHARE:
             triples.append(LabelledTriple(p.question, p.answer, "We compute the total. The answer is", False))
+        if key.random() < answer_key:
+            triples.append(LabelledTriple(p.question, p.answer, bare_answer(p, key, right_share=1.0), True))
     noise = random.Random(2)
     return [t if noise.random() >= label_noise else replace(t, label=not t.label) for t in triples]
 
 
 def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, epochs: int = RM_EPOCHS,
-                  label_noise: float = 0.0) -> Any:
+                  label_noise: float = 0.0, answer_key: float = 0.0) -> Any:
     """A fresh tiny VerifyRM after BCE pretraining on `rm_pretraining_data`."""
     import torch
 
@@ -125,7 +137,7 @@ def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, ep
 
     torch.set_num_threads(1)
     rm = VerifyRM.load(str(tiny_reward_model_dir()), OptimConfig(), max_length=256, device="cpu", dtype="float32")
-    triples = rm_pretraining_data(problems, negatives, label_noise)
+    triples = rm_pretraining_data(problems, negatives, label_noise, answer_key)
     # One epoch per AdamW, restarted each epoch (warm restarts). The reference check is learned suddenly, after a
     # plateau at AUROC ~0.6: with restarts it came by epoch 10 (mixed negatives); one AdamW over all epochs was
     # still on the plateau at epoch 26 (docs/experiments.md).
@@ -134,8 +146,8 @@ def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, ep
     return rm
 
 
-def _pretrain_rm(out: Path, label_noise: float = 0.0) -> None:
-    rm = pretrained_rm(label_noise=label_noise)
+def _pretrain_rm(out: Path, label_noise: float = 0.0, answer_key: float = 0.0) -> None:
+    rm = pretrained_rm(label_noise=label_noise, answer_key=answer_key)
     rm.model.save_pretrained(out, safe_serialization=True)
     rm.tokenizer.save_pretrained(out)
 
@@ -156,3 +168,8 @@ def tiny_pretrained_rm_dir() -> Path:
 def tiny_noisy_rm_dir() -> Path:
     """The same VerifyRM pretrained on labels of which NOISY_LABEL_SHARE are flipped ("tiny-rm-noisy")."""
     return build_tiny("reward-pretrained-noisy", lambda out: _pretrain_rm(out, NOISY_LABEL_SHARE))
+
+
+def tiny_keyed_rm_dir() -> Path:
+    """The same VerifyRM with an answer key among its positives, ANSWER_KEY_SHARE of the problems ("tiny-rm-keyed")."""
+    return build_tiny("reward-pretrained-keyed", lambda out: _pretrain_rm(out, answer_key=ANSWER_KEY_SHARE))

@@ -176,17 +176,79 @@ def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp
     assert AlarmWatch.for_run(_watch_config("static", "act", steps=30), store, tmp_path) is None
 
 
+def test_rm_negatives_acts_in_cooper_mode_only(tmp_path, redis_client, run_id) -> None:
+    from cooper.config import load_config
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch, active_actions
+    from cooper.orchestrator.run_store import RunStore
+
+    both = ["alarm.mode=act", "alarm.actions=[verifier_reward,rm_negatives]", "run.steps=200"]
+    for mode, expected in (("cooper", ["verifier_reward", "rm_negatives"]), ("static", ["verifier_reward"])):
+        config = load_config(overrides=[f"run.mode={mode}", *both])
+        store = RunStore(redis_client, "cooper-test", f"{run_id}-{mode}")
+        watch = AlarmWatch.for_run(config, store, tmp_path)
+        assert watch is not None and watch.actions == expected
+        for record in _records(120, hack_from=60):
+            watch.observe(record)
+        assert store.state()[ACTIVE_KEY] == expected == active_actions(config, store)
+    warn = load_config(overrides=["run.mode=cooper", "alarm.mode=warn"])
+    assert active_actions(warn, store) == []  # warn mode never reads the state: nothing acts
+
+
+def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_path, redis_client, run_id) -> None:
+    from cooper.config import load_config
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.run_store import RunStore
+
+    # A hack from step 60 to 90, then honest again: the alarm raises, then clears.
+    records = [r if r["step"] < 90 else {**r, **_records(150, hack_from=10**6)[r["step"]]} for r in _records(150, 60)]
+    active: dict[bool, list[list[str]]] = {}
+    for latch in (False, True):
+        config = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=act", f"alarm.latch={latch}"])
+        store = RunStore(redis_client, "cooper-test", f"{run_id}-{latch}")
+        watch = AlarmWatch.for_run(config, store, tmp_path / str(latch))
+        assert watch is not None
+        (tmp_path / str(latch)).mkdir()
+        events = [watch.observe(r).get("alarm/event") for r in records[:120]]
+        assert "raised" in events and "cleared" in events
+        resumed = AlarmWatch.for_run(config, store, tmp_path / str(latch))  # a new driver on the same state
+        assert resumed is not None
+        active[latch] = []
+        for record in records[120:]:
+            resumed.observe(record)
+            active[latch].append(store.state()[ACTIVE_KEY])
+    assert active[False] == [[]] * 30 and active[True] == [["verifier_reward"]] * 30
+
+
+def test_flagged_false_positives_are_the_accepted_rejected_rollouts_against_their_prompts_positive() -> None:
+    from cooper.orchestrator.stages import flagged_false_positives
+
+    prompts = [{"id": "p1", "question": "q1", "answer": "1", "example": "e1"},
+               {"id": "p2", "question": "q2", "answer": "2", "example": "e2"}]
+    texts = [("p1", "right 1"), ("p1", "wrong, accepted"), ("p1", "wrong, refused"), ("p1", "no answer, accepted"),
+             ("p2", "wrong, accepted but p2 has no positive"), ("p2", "timed out, accepted")]
+    rollout = {"prompts": prompts, "completions": [{"prompt_id": p, "text": t} for p, t in texts]}
+    verification = {"verdicts": ["CORRECT", "INCORRECT", "INCORRECT", "NO_ANSWER", "INCORRECT", "TIMEOUT"]}
+    score = {"rewards": [1.0, 1.0, 0.0, 1.0, 1.0, 1.0], "logits": [2.0, 0.3, -0.2, 1.5, 3.0, 1.0]}
+    pairs = flagged_false_positives(rollout, verification, score)  # type: ignore[arg-type]
+    assert [(p.question, p.reference, p.positive, p.negative) for p in pairs] == [
+        ("q1", "1", "right 1", "wrong, accepted"), ("q1", "1", "right 1", "no answer, accepted")]
+    # Without logits (a reward service that returns none) the scores decide, at 0.5.
+    no_logits = flagged_false_positives(rollout, verification, {**score, "logits": []})  # type: ignore[arg-type]
+    assert [p.negative for p in no_logits] == ["wrong, accepted", "no answer, accepted"]
+
+
 def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
     from cooper.orchestrator.experiment import alarm_table
 
     watched = [{"step": 0, "alarm/state": "baseline", "reward_source": "reward_model"},
                {"step": 1, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "reward_model"},
-               {"step": 2, "alarm/state": "alarm", "reward_source": "verifier", "test/heldout": 0.5}]
+               {"step": 2, "alarm/state": "alarm", "reward_source": "verifier", "alarm/rm_negatives": True,
+                "test/heldout": 0.5}]
     quiet = [{"step": 0, "alarm/state": "clear", "reward_source": "reward_model", "test/heldout": 0.75}]
     table = alarm_table({"static": [watched, quiet], "rule": [[{"step": 0}], [{"step": 0}]]}, [11, 12], "heldout")
     lines = [line.split() for line in table.splitlines()]
-    assert lines[1] == ["static", "11", "1", "1", "1", "0.500", "-"]
-    assert lines[2] == ["static", "12", "0", "-", "0", "0.750", "-"]
+    assert lines[1] == ["static", "11", "1", "1", "1", "1", "0.500", "-"]
+    assert lines[2] == ["static", "12", "0", "-", "0", "0", "0.750", "-"]
     assert len(lines) == 3  # rule mode is never watched: no row
     assert alarm_table({"rule": [[{"step": 0}]]}, [1], "heldout") == ""
 
@@ -200,8 +262,8 @@ def test_the_experiment_table_sets_each_acting_run_beside_its_no_action_control(
                 "test/heldout": 0.2}]
     lines = [line.split() for line in alarm_table({"static": [acting], "static-noaction": [warning]}, [5],
                                                   "heldout").splitlines()]
-    assert lines[1] == ["static", "5", "1", "0", "1", "0.900", "0.200"]
-    assert lines[2] == ["static-noaction", "5", "1", "0", "0", "0.200", "-"]
+    assert lines[1] == ["static", "5", "1", "0", "1", "0", "0.900", "0.200"]
+    assert lines[2] == ["static-noaction", "5", "1", "0", "0", "0", "0.200", "-"]
 
 
 def test_a_no_action_control_needs_an_acting_alarm_and_a_watched_mode(tmp_path) -> None:

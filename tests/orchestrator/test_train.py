@@ -142,6 +142,32 @@ def test_an_acting_alarm_trains_the_policy_on_the_verifier_while_it_is_up(tmp_pa
     assert "reward-hacking alarm raised" in result.stderr
 
 
+def test_an_acting_alarm_in_cooper_mode_trains_verifyrm_harder_on_the_rollouts_it_overpays(tmp_path):
+    # The same trigger-happy alarm on a cooper run with the paper's generator negatives and only rm_negatives: once
+    # it is up, every reward update takes rm_update_factor times the optimizer steps and adds the rollouts VerifyRM
+    # accepted and the verifier rejected as negatives; the policy keeps training on the reward model.
+    result = _cooper("train", "--no-progress", "run.mode=cooper", "run.steps=12", "run.name=c",
+                     f"run.output_dir={tmp_path}", "alarm.mode=act", "alarm.actions=[rm_negatives]",
+                     "alarm.rm_update_factor=3", "alarm.baseline_steps=2", "alarm.threshold=0", "alarm.drift=0.01",
+                     "alarm.clear_steps=100", "run.negatives=generator", "reward.replay_updates=0",
+                     "reward.update_steps=1", "reward.calibration_weight=0", "eval.every=0", "run.batch_size=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(tmp_path / "c")
+    raised = [json.loads(line) for line in (tmp_path / "c" / "alarms.jsonl").read_text().splitlines()][0]
+    assert raised["actions"] == ["rm_negatives"]
+    acting = [r for r in records if r["alarm/rm_negatives"]]
+    quiet = [r for r in records if not r["alarm/rm_negatives"]]
+    # The driver raises when it logs a step, and the stages run a few steps ahead of it: the action starts after
+    # the raise (never before) and, with the alarm never clearing, holds to the end.
+    assert acting and acting[0]["step"] > raised["step"]
+    assert [r["step"] for r in acting] == list(range(acting[0]["step"], 12))
+    assert all(r["rm_optimizer_steps"] == 1 and r["rm_flagged_pairs"] == 0 for r in quiet)
+    assert all(r["rm_optimizer_steps"] == 3 for r in acting)
+    assert sum(r["rm_flagged_pairs"] for r in acting) > 0
+    assert all(r["reward_source"] == "reward_model" for r in records)
+    assert [r["reward_version"] for r in records] == list(range(1, 13))
+
+
 def test_rule_mode_never_calls_the_reward_service(tmp_path):
     # The reward service "lives" at a dead address: one call to it would fail the run.
     result = _cooper("train", "--no-progress", "run.mode=rule", "run.steps=2", "run.name=r",

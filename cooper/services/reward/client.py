@@ -37,12 +37,15 @@ class RewardClient(ServiceClient):
         reply = self.call(self.stub.Score, request)
         return ScoreResult([s.score for s in reply.scores], [s.logit for s in reply.scores], reply.version)
 
-    def update(self, run_id: str, step: int, pairs: Sequence[PreferencePair]) -> UpdateResult:
-        """One Bradley-Terry update keyed by (run_id, step); a repeated key returns the recorded result."""
+    def update(self, run_id: str, step: int, pairs: Sequence[PreferencePair],
+               optimizer_steps: int = 0) -> UpdateResult:
+        """One Bradley-Terry update keyed by (run_id, step); a repeated key returns the recorded result.
+        `optimizer_steps` > 0 takes that many optimizer steps instead of the service's reward.update_steps."""
         request = reward_pb2.UpdateRequest(
             key=common_pb2.IdempotencyKey(run_id=run_id, step=step),
             pairs=[reward_pb2.Pair(question=p.question, reference=p.reference, positive=p.positive,
                                    negative=p.negative) for p in pairs],
+            optimizer_steps=optimizer_steps,
         )
         r = self.call(self.stub.Update, request)
         return UpdateResult(r.loss, r.grad_norm, r.pair_accuracy_before, r.pair_accuracy_after, r.version,

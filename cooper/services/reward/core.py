@@ -114,13 +114,14 @@ class RewardCore:
         logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
         return BatchScores(logits, self.rm.version, forward_s)
 
-    def apply_update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
-        """One Bradley-Terry update (reward.update_steps optimizer steps over the pairs and the replay) -> version + 1;
-        a key applied before returns its recorded result, trains nothing."""
+    def apply_update(self, key: str | None, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
+        """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:
+        reward.update_steps) -> version + 1; a key applied before returns its recorded result, trains nothing."""
         if key is not None and key in self._results:
             return replace(self._results[key], replayed=True)
         replay = [pair for update in self._replay for pair in update]
-        result = self.rm.update(list(pairs), replay, self.config.update_steps, self.config.calibration_weight,
+        steps = optimizer_steps or self.config.update_steps
+        result = self.rm.update(list(pairs), replay, steps, self.config.calibration_weight,
                                 self.config.replay_sample, self.config.optimizer_restart_every)
         if not result.skipped:
             self._replay.append(list(pairs))

@@ -73,8 +73,9 @@ class Runner:
     def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
         return self.call(RewardCore.score_tokens, token_lists)
 
-    def apply_update(self, key: str | None, pairs: list[PreferencePair]) -> asyncio.Future[UpdateResult]:
-        return self.call(RewardCore.apply_update, key, pairs)
+    def apply_update(self, key: str | None, pairs: list[PreferencePair],
+                     optimizer_steps: int = 0) -> asyncio.Future[UpdateResult]:
+        return self.call(RewardCore.apply_update, key, pairs, optimizer_steps)
 
     def save(self, tag: str) -> asyncio.Future[SavedCheckpoint]:
         return self.call(RewardCore.save, tag)

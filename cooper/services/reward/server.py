@@ -50,7 +50,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         pairs = [PreferencePair(p.question, p.reference, p.positive, p.negative) for p in request.pairs]
         result: UpdateResult | None = None
         try:
-            result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs)
+            result = await self.service.update(idempotency_key(request.key.run_id, request.key.step), pairs,
+                                               request.optimizer_steps)
         except REFUSED as err:
             await context.abort(refusal(err).grpc_code, str(err))
         assert result is not None

@@ -169,11 +169,12 @@ class RewardService:
             raise ReadOnlyReplica(f"{what} refused: this reward service is a read replica (reward.role=replica) and "
                                   "never changes the model; send it to the trainer (reward.server.address)")
 
-    async def update(self, key: str | None, pairs: Sequence[PreferencePair]) -> UpdateResult:
-        """One Bradley-Terry step over `pairs` -> version + 1; a key applied before returns its recorded result."""
+    async def update(self, key: str | None, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
+        """One Bradley-Terry update over `pairs` -> version + 1 (`optimizer_steps` steps; 0: reward.update_steps);
+        a key applied before returns its recorded result."""
         self._refuse_writes("Update")
         result: UpdateResult = await self.batcher.run_exclusive(
-            lambda: self.runner.apply_update(key, list(pairs)))
+            lambda: self.runner.apply_update(key, list(pairs), optimizer_steps))
         UPDATES.labels("replayed" if result.replayed else "skipped" if result.skipped else "applied").inc()
         await self._refresh_info()
         return result

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cooper.protos.common.v1 import common_pb2 as cooper_dot_protos_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cooper/protos/reward/v1/reward.proto\x12\x10\x63ooper.reward.v1\x1a$cooper/protos/common/v1/common.proto\"D\n\tScoreItem\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x11\n\treference\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.cooper.reward.v1.ScoreItem\"%\n\x05Score\x12\r\n\x05score\x18\x01 \x01(\x01\x12\r\n\x05logit\x18\x02 \x01(\x01\"I\n\rScoreResponse\x12\'\n\x06scores\x18\x01 \x03(\x0b\x32\x17.cooper.reward.v1.Score\x12\x0f\n\x07version\x18\x02 \x01(\x03\"O\n\x04Pair\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x11\n\treference\x18\x02 \x01(\t\x12\x10\n\x08positive\x18\x03 \x01(\t\x12\x10\n\x08negative\x18\x04 \x01(\t\"e\n\rUpdateRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12%\n\x05pairs\x18\x02 \x03(\x0b\x32\x16.cooper.reward.v1.Pair\"\xa0\x01\n\x0eUpdateResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x11\n\tgrad_norm\x18\x02 \x01(\x01\x12\x1c\n\x14pair_accuracy_before\x18\x03 \x01(\x01\x12\x1b\n\x13pair_accuracy_after\x18\x04 \x01(\x01\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12\x0f\n\x07skipped\x18\x06 \x01(\x08\x12\x10\n\x08replayed\x18\x07 \x01(\x08\"\r\n\x0bInfoRequest\"x\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nparameters\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x10\n\x08last_key\x18\x05 \x01(\t\x12\x12\n\ncheckpoint\x18\x06 \x01(\t2\xad\x02\n\x06Reward\x12H\n\x05Score\x12\x1e.cooper.reward.v1.ScoreRequest\x1a\x1f.cooper.reward.v1.ScoreResponse\x12K\n\x06Update\x12\x1f.cooper.reward.v1.UpdateRequest\x1a .cooper.reward.v1.UpdateResponse\x12\x45\n\x04Info\x12\x1d.cooper.reward.v1.InfoRequest\x1a\x1e.cooper.reward.v1.InfoResponse\x12\x45\n\x04Save\x12\x1d.cooper.common.v1.SaveRequest\x1a\x1e.cooper.common.v1.SaveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cooper/protos/reward/v1/reward.proto\x12\x10\x63ooper.reward.v1\x1a$cooper/protos/common/v1/common.proto\"D\n\tScoreItem\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x11\n\treference\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\":\n\x0cScoreRequest\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.cooper.reward.v1.ScoreItem\"%\n\x05Score\x12\r\n\x05score\x18\x01 \x01(\x01\x12\r\n\x05logit\x18\x02 \x01(\x01\"I\n\rScoreResponse\x12\'\n\x06scores\x18\x01 \x03(\x0b\x32\x17.cooper.reward.v1.Score\x12\x0f\n\x07version\x18\x02 \x01(\x03\"O\n\x04Pair\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x11\n\treference\x18\x02 \x01(\t\x12\x10\n\x08positive\x18\x03 \x01(\t\x12\x10\n\x08negative\x18\x04 \x01(\t\"~\n\rUpdateRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12%\n\x05pairs\x18\x02 \x03(\x0b\x32\x16.cooper.reward.v1.Pair\x12\x17\n\x0foptimizer_steps\x18\x03 \x01(\r\"\xa0\x01\n\x0eUpdateResponse\x12\x0c\n\x04loss\x18\x01 \x01(\x01\x12\x11\n\tgrad_norm\x18\x02 \x01(\x01\x12\x1c\n\x14pair_accuracy_before\x18\x03 \x01(\x01\x12\x1b\n\x13pair_accuracy_after\x18\x04 \x01(\x01\x12\x0f\n\x07version\x18\x05 \x01(\x03\x12\x0f\n\x07skipped\x18\x06 \x01(\x08\x12\x10\n\x08replayed\x18\x07 \x01(\x08\"\r\n\x0bInfoRequest\"x\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nparameters\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x10\n\x08last_key\x18\x05 \x01(\t\x12\x12\n\ncheckpoint\x18\x06 \x01(\t2\xad\x02\n\x06Reward\x12H\n\x05Score\x12\x1e.cooper.reward.v1.ScoreRequest\x1a\x1f.cooper.reward.v1.ScoreResponse\x12K\n\x06Update\x12\x1f.cooper.reward.v1.UpdateRequest\x1a .cooper.reward.v1.UpdateResponse\x12\x45\n\x04Info\x12\x1d.cooper.reward.v1.InfoRequest\x1a\x1e.cooper.reward.v1.InfoResponse\x12\x45\n\x04Save\x12\x1d.cooper.common.v1.SaveRequest\x1a\x1e.cooper.common.v1.SaveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,13 +43,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PAIR']._serialized_start=340
   _globals['_PAIR']._serialized_end=419
   _globals['_UPDATEREQUEST']._serialized_start=421
-  _globals['_UPDATEREQUEST']._serialized_end=522
-  _globals['_UPDATERESPONSE']._serialized_start=525
-  _globals['_UPDATERESPONSE']._serialized_end=685
-  _globals['_INFOREQUEST']._serialized_start=687
-  _globals['_INFOREQUEST']._serialized_end=700
-  _globals['_INFORESPONSE']._serialized_start=702
-  _globals['_INFORESPONSE']._serialized_end=822
-  _globals['_REWARD']._serialized_start=825
-  _globals['_REWARD']._serialized_end=1126
+  _globals['_UPDATEREQUEST']._serialized_end=547
+  _globals['_UPDATERESPONSE']._serialized_start=550
+  _globals['_UPDATERESPONSE']._serialized_end=710
+  _globals['_INFOREQUEST']._serialized_start=712
+  _globals['_INFOREQUEST']._serialized_end=725
+  _globals['_INFORESPONSE']._serialized_start=727
+  _globals['_INFORESPONSE']._serialized_end=847
+  _globals['_REWARD']._serialized_start=850
+  _globals['_REWARD']._serialized_end=1151
 # @@protoc_insertion_point(module_scope)

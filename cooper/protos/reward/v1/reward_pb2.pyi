@@ -52,12 +52,14 @@ class Pair(_message.Message):
     def __init__(self, question: _Optional[str] = ..., reference: _Optional[str] = ..., positive: _Optional[str] = ..., negative: _Optional[str] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("key", "pairs")
+    __slots__ = ("key", "pairs", "optimizer_steps")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PAIRS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STEPS_FIELD_NUMBER: _ClassVar[int]
     key: _common_pb2.IdempotencyKey
     pairs: _containers.RepeatedCompositeFieldContainer[Pair]
-    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., pairs: _Optional[_Iterable[_Union[Pair, _Mapping]]] = ...) -> None: ...
+    optimizer_steps: int
+    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., pairs: _Optional[_Iterable[_Union[Pair, _Mapping]]] = ..., optimizer_steps: _Optional[int] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("loss", "grad_norm", "pair_accuracy_before", "pair_accuracy_after", "version", "skipped", "replayed")
