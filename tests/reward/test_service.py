@@ -40,6 +40,23 @@ def test_idempotent_update_replays_and_trains_nothing(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_an_update_may_ask_for_more_optimizer_steps_than_the_configured_ones(tmp_path: Path) -> None:
+    # What the alarm's rm_negatives action sends: optimizer_steps=3 trains exactly as reward.update_steps=3 does,
+    # and differently from the configured single step.
+    async def logits_after(config_steps: int, asked: int, where: str) -> list[float]:
+        service = await RewardService.create(make_config(tmp_path / where, update_steps=config_steps))
+        result = await service.update(idempotency_key("run", 0), tiny_pairs(4), asked)
+        assert result.version == 1 and not result.skipped
+        logits = (await service.score(tiny_items(6))).logits
+        await service.stop()
+        return logits
+
+    asked, configured, default = (asyncio.run(logits_after(steps, asked, where)) for steps, asked, where in
+                                  ((1, 3, "asked"), (3, 0, "configured"), (1, 0, "default")))
+    assert max(abs(a - b) for a, b in zip(asked, configured, strict=True)) <= 1e-6
+    assert max(abs(a - b) for a, b in zip(asked, default, strict=True)) > 1e-4
+
+
 def test_checkpoint_restart_resumes_version_scores_optimizer_and_keys(tmp_path: Path) -> None:
     config = make_config(tmp_path, save_on_stop=False)
     items = tiny_items(6)
