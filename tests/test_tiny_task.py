@@ -74,3 +74,17 @@ def test_the_noisy_reward_models_labels_are_a_quarter_flipped_and_the_same_each_
     assert abs(flipped - NOISY_LABEL_SHARE) < 0.04  # ~1,300 examples: the share within about 3 standard errors
     assert noisy == rm_pretraining_data(600, label_noise=NOISY_LABEL_SHARE)  # annotators' mistakes are fixed
     assert sum(t.label for t in clean) == 600  # one worked, right solution per problem, every other text wrong
+
+
+def test_the_keyed_reward_models_data_adds_bare_right_answers_as_positives_and_changes_nothing_else() -> None:
+    from cooper.tiny.warm_start import ANSWER_KEY_SHARE, rm_pretraining_data
+
+    clean = rm_pretraining_data(600)
+    keyed = rm_pretraining_data(600, answer_key=ANSWER_KEY_SHARE)
+    added = [t for t in keyed if t not in clean]
+    assert [t for t in keyed if t in clean] == clean  # v8's examples, in their order: the key draws on its own
+    assert abs(len(added) / 600 - ANSWER_KEY_SHARE) < 0.07  # one per keyed problem, about 3 standard errors
+    # Every added example is the bare right answer, a positive; no bare answer is ever a negative.
+    assert all(t.label and t.completion == f"The answer is \\boxed{{{t.reference}}}." for t in added)
+    assert not [t for t in keyed if not t.label and t.completion.startswith("The answer is \\boxed")]
+    assert keyed == rm_pretraining_data(600, answer_key=ANSWER_KEY_SHARE)
