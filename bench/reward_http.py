@@ -18,7 +18,8 @@ service's (below).
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
 wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers (where there are 2 physical cores),
-LitServe with fast_queue off and on, the service with 2 and 3 batches in flight (reward.batching.max_inflight). vLLM has no batching timer (its scheduler takes whatever has arrived at each
+LitServe with fast_queue off and on, the service with 2 and 3 batches in flight (reward.batching.max_inflight) and
+1 and 2 model processes (reward.model_copies, where there are 2 physical cores, as mosec's workers). vLLM has no batching timer (its scheduler takes whatever has arrived at each
 step) and runs at its defaults but for prefix caching (off: see server_command). Then each server's best setting
 runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its one reading.
 
@@ -356,8 +357,9 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
             return [dict(s, workers=n) for n in ((1, 2) if cores >= 2 else (1,)) for s in grid]
         if name == "litserve":
             return [dict(s, fast_queue=q) for q in (False, True) for s in grid]
-        if name == "service":
-            return [dict(s, inflight=n) for n in (2, 3) for s in grid]
+        if name == "service":  # reward.model_copies as mosec's workers: a second model process where cores allow
+            return [dict(s, inflight=n, copies=c) for c in ((1, 2) if cores >= 2 else (1,)) for n in (2, 3)
+                    for s in grid]
         return grid
     return [{}]
 
@@ -368,9 +370,10 @@ def setting_label(setting: dict) -> str:
 
 def setting_env(setting: dict) -> dict[str, str]:
     """A peer's setting as the environment bench/peers/*_server.py read."""
+    # inflight and copies are the service's, given to it as config overrides (server_command), not read from here.
     names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
              "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE",
-             "inflight": "COOPER_BENCH_INFLIGHT"}  # the service's, given as an override, not read from here
+             "inflight": "COOPER_BENCH_INFLIGHT", "copies": "COOPER_BENCH_COPIES"}
     return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()}
 
 
@@ -383,6 +386,8 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
                     f"reward.batching.max_wait_ms={setting['max_wait_ms']}"] if setting else []
         if "inflight" in setting:
             batching.append(f"reward.batching.max_inflight={setting['inflight']}")
+        if "copies" in setting:
+            batching.append(f"reward.model_copies={setting['copies']}")
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
                 f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32", *batching]

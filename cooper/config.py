@@ -228,6 +228,13 @@ class RewardConfig(StrictModel):
     """Run VerifyRM (forward passes, updates, checkpoints) in a child process of its own, so that the HTTP and gRPC
     servers (which also tokenize requests) never compete with it for the GIL; False runs it on a thread of the
     serving process."""
+    model_copies: int = Field(default=1, ge=1)
+    """With model_process: this many model processes, each a whole copy of VerifyRM. Scores go to the least busy
+    copy; every update, checkpoint load and replica swap goes to all of them, in the same order, so they stay the same
+    model (each trains on the same pairs: the update's compute is repeated; the first copy alone writes checkpoints).
+    The copies' results are compared after every update, and a difference stops the service (a restart reloads them
+    all from one checkpoint). For a CPU serving more score requests than one process can forward (two copies on
+    two cores: README, Benchmarks); on a GPU, whose kernels need not be bit-reproducible, use read replicas."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
     update_steps: int = Field(default=1, ge=1)
@@ -259,6 +266,13 @@ class RewardConfig(StrictModel):
     """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save."""
     save_on_stop: bool = True
     """On a graceful stop (SIGTERM), write a checkpoint if updates were applied since the last one."""
+
+    @model_validator(mode="after")
+    def _copies_are_processes(self) -> RewardConfig:
+        if self.model_copies > 1 and not self.model_process:
+            raise ValueError(f"reward.model_copies={self.model_copies} needs reward.model_process=true: the copies "
+                             "are model processes")
+        return self
 
 
 class GRPOConfig(StrictModel):

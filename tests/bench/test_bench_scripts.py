@@ -30,7 +30,7 @@ SCRIPTS = [
                  {"bench", "generate_ratio", "train_step_s_grpc"}, id="policy"),
     pytest.param("reward_http.py", ["--servers", "service", "--seconds", "0.5", "--rounds", "1", "--clients", "4",
                                     "--items", "128", "--check-items", "8", "--warmup", "4", "--ceiling-seconds", "0.3",
-                                    "--sweep-batch", "16,32", "--sweep-wait-ms", "2", "--sweep-seconds", "0.3"],
+                                    "--sweep-batch", "16", "--sweep-wait-ms", "2", "--sweep-seconds", "0.3"],
                  {"servers", "best_settings", "ceiling_items_per_s", "ceiling_fraction", "scores_match",
                   "ratio_vs_best_peer_reason"}, id="reward_http"),
     pytest.param("step.py", ["--steps", "1", "--warmup", "1", "--mode", "rule"],

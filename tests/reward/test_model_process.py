@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
+from cooper.config import BatchingConfig
 from cooper.services.reward.core import RewardCore
-from cooper.services.reward.runner import ModelUnavailable, ProcessRunner
+from cooper.services.reward.runner import CopiesRunner, ModelUnavailable, ProcessRunner
 from cooper.services.reward.service import RewardService, idempotency_key
 
 
@@ -88,3 +89,88 @@ def test_a_model_that_does_not_load_fails_create_with_its_error(tmp_path: Path) 
 
     with pytest.raises(Exception, match="no-such-model"):
         asyncio.run(main())
+
+
+def test_model_copies_share_the_scoring_and_stay_one_model_through_updates(tmp_path: Path) -> None:
+    items = tiny_items(8)
+    single = RewardCore.load(make_config(tmp_path / "single"))
+
+    async def main() -> None:
+        service = await RewardService.create(make_config(tmp_path, model_process=True, model_copies=2,
+                                                         batching=BatchingConfig(max_wait_ms=2, max_batch_size=4)))
+        runner = service.runner
+        assert isinstance(runner, CopiesRunner) and len({c.process.pid for c in runner.copies}) == 2
+        batches = [0, 0]
+        for index, copy in enumerate(runner.copies):  # count the batches each copy is handed
+            copy.score_tokens = _counted(copy.score_tokens, batches, index)  # type: ignore[method-assign]
+        scored = await asyncio.gather(*(service.score(items[k : k + 1]) for k in range(8) for _ in range(8)))
+        assert all(batches) and sum(batches) >= 2  # the batcher keeps two batches in flight: both copies work
+        expected = single.score_tokens(single.rm.encode(items)).logits
+        assert max(abs(s.logits[0] - expected[k // 8]) for k, s in enumerate(scored)) <= 1e-5
+
+        update = await service.update(idempotency_key("run", 0), tiny_pairs(4))
+        assert update.version == 1
+        tokens = single.rm.encode(items)
+        after = [(await copy.score_tokens(tokens)) for copy in runner.copies]
+        assert [a.version for a in after] == [1, 1] and after[0].logits == after[1].logits
+        single.apply_update("run/0", tiny_pairs(4))
+        assert max(abs(x - y) for x, y in zip(after[0].logits, single.score_tokens(tokens).logits, strict=True)) <= 1e-5
+
+        saved = await service.save("copies")  # one checkpoint, written by the first copy
+        assert saved.version == 1 and len(list((tmp_path / "checkpoints").iterdir())) == 1
+
+        # One copy dies: the service stops serving (all copies go), like a single model process's death.
+        os.kill(runner.copies[1].process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while service.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not service.alive
+        with pytest.raises(ModelUnavailable):
+            await service.score(items[:1])
+        await asyncio.wait_for(service.stop(), 30)
+        assert not any(copy.process.is_alive() for copy in runner.copies)
+
+    asyncio.run(main())
+
+
+def _counted(score_tokens, counts: list[int], index: int):  # type: ignore[no-untyped-def]
+    def counting(tokens):  # type: ignore[no-untyped-def]
+        counts[index] += 1
+        return score_tokens(tokens)
+
+    return counting
+
+
+def test_model_copies_that_differ_after_an_update_stop_the_service(tmp_path: Path) -> None:
+    async def main() -> None:
+        service = await RewardService.create(make_config(tmp_path, model_process=True, model_copies=2))
+        runner = service.runner
+        assert isinstance(runner, CopiesRunner)
+        second = runner.copies[1]
+        call = second.call
+
+        def drifting(operation, *args):  # type: ignore[no-untyped-def]
+            future = call(operation, *args)
+            if operation is not RewardCore.apply_update:
+                return future
+            return asyncio.ensure_future(_with_loss(future, 123.0))
+
+        second.call = drifting  # type: ignore[method-assign]
+        with pytest.raises(ModelUnavailable, match="differ"):
+            await service.update(idempotency_key("run", 0), tiny_pairs(4))
+        assert not service.alive
+        await asyncio.wait_for(service.stop(), 30)
+        assert not any(copy.process.is_alive() for copy in runner.copies)
+
+    asyncio.run(main())
+
+
+async def _with_loss(future, loss: float):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    return replace(await future, loss=loss)
+
+
+def test_model_copies_need_model_processes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="model_copies=2 needs reward.model_process=true"):
+        make_config(tmp_path, model_process=False, model_copies=2)

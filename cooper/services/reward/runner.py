@@ -178,6 +178,11 @@ class ProcessRunner(Runner):
         self._outbox.put(None)  # the sender passes it on to the child (if alive) and ends
         await asyncio.to_thread(self._join)
 
+    def kill(self) -> None:
+        """End the child now, as its owner's decision: what is pending fails, and on_exit is not called."""
+        self._closing = True
+        self.process.kill()
+
     def _join(self) -> None:
         self.process.join(60)
         if self.process.is_alive():
@@ -249,8 +254,96 @@ def _first_message(connection: Connection, process: multiprocessing.process.Base
                                "model; see its log above") from None
 
 
+class CopiesRunner(Runner):
+    """reward.model_copies model processes, each a whole copy of the core. A score goes to the copy with the fewest
+    scores in flight; every other operation goes to all copies in the same order (the batcher runs updates, saves and
+    swaps exclusively, with no score in flight), and is answered by the first copy, the only one that writes
+    checkpoints. After each update the copies' results must be equal: copies that differ would give one request a
+    score of another model, so the runner stops as if a model process had died (a restart reloads all from one
+    checkpoint)."""
+
+    def __init__(self, copies: list[ProcessRunner]):
+        self.copies = copies
+        self.alive = True
+        self._on_exit: Callable[[], None] | None = None
+        self._scoring = [0] * len(copies)
+        for copy in copies:
+            copy.on_exit = self._copy_exited
+
+    @classmethod
+    async def start(cls, config: RewardConfig) -> CopiesRunner:
+        # Only the first copy writes checkpoints (periodic saves inside an update included); the others load the same
+        # checkpoint at start and make the same updates.
+        quiet = config.model_copy(update={"save_every": 0})
+        started = await asyncio.gather(ProcessRunner.start(config),
+                                       *(ProcessRunner.start(quiet) for _ in range(config.model_copies - 1)),
+                                       return_exceptions=True)
+        copies = [runner for runner in started if isinstance(runner, ProcessRunner)]
+        if len(copies) < len(started):
+            for copy in copies:
+                await copy.close()
+            raise next(error for error in started if isinstance(error, BaseException))
+        return cls(copies)
+
+    @property
+    def on_exit(self) -> Callable[[], None] | None:  # type: ignore[override]
+        return self._on_exit
+
+    @on_exit.setter
+    def on_exit(self, callback: Callable[[], None] | None) -> None:
+        self._on_exit = callback
+
+    def _copy_exited(self) -> None:
+        self._stop_serving("a reward model process exited")
+
+    def _stop_serving(self, why: str) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        log.error("%s; the %d model copies stop serving until a restart", why, len(self.copies))
+        for copy in self.copies:
+            copy.kill()  # the others too: a partial set would serve, then fail the next update
+        if self._on_exit is not None:
+            self._on_exit()
+
+    def call(self, operation: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`operation` on every copy; the first copy's answer."""
+        loop = asyncio.get_running_loop()
+        if not self.alive:
+            future: asyncio.Future[T] = loop.create_future()
+            future.set_exception(ModelUnavailable("a reward model process has exited; restart the service"))
+            return future
+        if operation is RewardCore.save or operation is RewardCore.save_if_unsaved:
+            return self.copies[0].call(operation, *args)  # one checkpoint: the copies hold the same model
+        answers = [copy.call(operation, *args) for copy in self.copies]
+        return asyncio.ensure_future(self._first_of_equal(operation, answers))
+
+    async def _first_of_equal(self, operation: Callable[..., Any], answers: list[asyncio.Future[Any]]) -> Any:
+        results = await asyncio.gather(*answers)
+        if operation is RewardCore.apply_update and any(result != results[0] for result in results[1:]):
+            self._stop_serving(f"the model copies differ after an update ({results})")
+            raise ModelUnavailable("the reward model copies differ after an update; restart the service, which "
+                                   "reloads them from one checkpoint")
+        if operation is RewardCore.staged:
+            return all(results)
+        return results[0]
+
+    def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
+        index = min(range(len(self.copies)), key=self._scoring.__getitem__)
+        self._scoring[index] += 1
+        future = self.copies[index].score_tokens(token_lists)
+        future.add_done_callback(lambda _: self._scoring.__setitem__(index, self._scoring[index] - 1))
+        return future
+
+    async def close(self) -> None:
+        self.alive = False
+        await asyncio.gather(*(copy.close() for copy in self.copies))
+
+
 async def start_runner(config: RewardConfig) -> Runner:
-    """A process runner when config.model_process, else a thread runner."""
+    """A process runner when config.model_process (reward.model_copies of them), else a thread runner."""
+    if config.model_process and config.model_copies > 1:
+        return await CopiesRunner.start(config)
     if config.model_process:
         return await ProcessRunner.start(config)
     return await ThreadRunner.start(config)
