@@ -30,8 +30,11 @@ class Train:
         self.err_path = tmp_path / f"stderr-{time.monotonic_ns()}.log"
         env = {**os.environ, "TMPDIR": str(self.tmp)}
         with open(self.err_path, "w") as err:
+            # SIGINT back to its default in the CLI: a test runner started in the background of a script (CI's
+            # `cmd &`) inherits it ignored, and Python then never turns Ctrl-C into KeyboardInterrupt.
             self.proc = subprocess.Popen([sys.executable, "-m", "cooper.cli", "train", "--no-progress", *args],
-                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env)
+                                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                         preexec_fn=_default_sigint)
         self.seen: dict[int, psutil.Process] = {}
         self.service_temp_dirs: set[Path] = set()
         """The TMPDIR of every service seen (processes.service_temp_dir): each must be gone at the end."""
@@ -169,3 +172,7 @@ def resume_to_the_end(tmp_path: Path, run_dir: Path, steps: int) -> None:
     assert resumed.wait() == 0, resumed.stderr[-3000:]
     assert_consistent(run_dir, steps)
     resumed.assert_nothing_left()
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
