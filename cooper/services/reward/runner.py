@@ -265,7 +265,7 @@ class CopiesRunner(Runner):
     def __init__(self, copies: list[ProcessRunner]):
         self.copies = copies
         self.alive = True
-        self._on_exit: Callable[[], None] | None = None
+        self.on_exit: Callable[[], None] | None = None
         self._scoring = [0] * len(copies)
         for copy in copies:
             copy.on_exit = self._copy_exited
@@ -285,14 +285,6 @@ class CopiesRunner(Runner):
             raise next(error for error in started if isinstance(error, BaseException))
         return cls(copies)
 
-    @property
-    def on_exit(self) -> Callable[[], None] | None:  # type: ignore[override]
-        return self._on_exit
-
-    @on_exit.setter
-    def on_exit(self, callback: Callable[[], None] | None) -> None:
-        self._on_exit = callback
-
     def _copy_exited(self) -> None:
         self._stop_serving("a reward model process exited")
 
@@ -303,8 +295,8 @@ class CopiesRunner(Runner):
         log.error("%s; the %d model copies stop serving until a restart", why, len(self.copies))
         for copy in self.copies:
             copy.kill()  # the others too: a partial set would serve, then fail the next update
-        if self._on_exit is not None:
-            self._on_exit()
+        if self.on_exit is not None:
+            self.on_exit()
 
     def call(self, operation: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """`operation` on every copy; the first copy's answer."""
