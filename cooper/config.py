@@ -651,12 +651,16 @@ class AlarmConfig(StrictModel):
     mode: Literal["off", "warn", "act"] = "warn"
     """off; warn: every raise and clear is logged (alarms.jsonl, the log, metrics.jsonl's alarm/* keys, the plot);
     act: the same, and `actions` are taken while the alarm is up."""
-    actions: list[Literal["verifier_reward", "rm_negatives"]] = Field(default_factory=lambda: ["verifier_reward"])
+    actions: list[Literal["verifier_reward", "rm_negatives", "rollback"]] = Field(
+        default_factory=lambda: ["verifier_reward"])
     """In act mode, taken together while the alarm is up. verifier_reward: the policy is trained on the verifier's
     1/0 reward (rule mode's) until the alarm clears. rm_negatives (cooper mode; ignored in static mode, whose
     reward model never trains): VerifyRM's update takes `rm_update_factor` times reward.update_steps optimizer
     steps, and the flagged false positives (rollouts it accepted and the verifier rejected) join its pairs as
-    negatives, each against its prompt's verified positive."""
+    negatives, each against its prompt's verified positive. rollback: once per raise, the next policy update is
+    skipped and the policy service restores its newest kept checkpoint from before the onset (the last step at
+    which every CUSUM statistic was 0) as its next version; how far back it can reach is policy.keep_checkpoints x
+    policy.save_every versions, and when no checkpoint that old is kept, the initial policy is restored."""
     rm_update_factor: int = Field(default=4, ge=1)
     """rm_negatives: how many times reward.update_steps an update takes while the alarm is up."""
     latch: bool = False

@@ -3,7 +3,11 @@
 The detector (cooper/evaluation/alarm.py) is pure; this keeps its state in the run's Redis state (so a resumed run
 goes on with the same baseline and sums), adds `alarm/*` keys to each step's metrics record, appends every raise
 and clear to `alarms.jsonl` with the step and the policy's and reward model's versions, and, in act mode, sets the
-run state the stages read (`alarm_active`) while the alarm is up.
+run state the stages read: `alarm_active` while the alarm is up, and with the rollback action, at each raise,
+`rollback_request` (which policy_update takes once: stages.rollback_policy).
+
+The onset of a raise is the last step at which every CUSUM statistic was 0 (or the baseline's last step): the sums
+start climbing after it, so the policy version that sampled it is the newest one not yet drifting.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ log = logging.getLogger("cooper.orchestrator")
 STATE_KEY = "alarm"
 LATCHED_KEY = "alarm_latched"  # with alarm.latch: the alarm has raised once, so its actions stay in force
 ACTIVE_KEY = "alarm_active"  # in act mode: the actions in force while the alarm is up, [] when it is down
+ONSET_KEY = "alarm_onset"  # the step and policy version of the newest step with every statistic at 0
+ROLLBACK_KEY = "rollback_request"  # with the rollback action: {"raise": n, "at_most_version": v}, one per raise
+ROLLBACK_DONE_KEY = "rollback_done"  # the raise whose rollback request policy_update took last
+RAISES_KEY = "alarm_raises"
 EVENTS_FILE = "alarms.jsonl"
 
 
@@ -52,6 +60,8 @@ class AlarmWatch:
         self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
         state = store.state()
         self.latched = bool(state.get(LATCHED_KEY))
+        self.onset: dict[str, int] = dict(state.get(ONSET_KEY, {}))
+        self.raises = int(state.get(RAISES_KEY, 0))
         saved = state.get(STATE_KEY)
         self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)
 
@@ -74,15 +84,22 @@ class AlarmWatch:
         if step < seen:  # a resumed run logs again the steps after its last logged one: seen once is enough
             return {}
         observation = self.alarm.observe(step, record)
+        quiet = observation.state == "clear" and not any(observation.statistics.values())
+        if observation.state == "baseline" or quiet:
+            self.onset = {"step": step, "policy_version": int(record.get("policy_version_sampled", 0))}
         fields: dict[str, Any] = {"alarm/state": observation.state,
                                   "alarm/statistic": max(observation.statistics.values(), default=0.0),
                                   "alarm/threshold": observation.threshold}
+        if observation.raised:
+            self.raises += 1
         if observation.raised or observation.cleared:
             event = {"step": step, "event": "raised" if observation.raised else "cleared",
                      "trigger": observation.trigger, "statistics": observation.statistics,
                      "threshold": observation.threshold, "policy_version": record.get("policy_version"),
                      "reward_version": record.get("reward_version", record.get("reward_version_used")),
                      "actions": self.actions if observation.raised else []}
+            if observation.raised:
+                event["onset"] = self.onset
             with self.events.open("a") as out:
                 out.write(json.dumps(event) + "\n")
             if observation.raised:
@@ -92,8 +109,12 @@ class AlarmWatch:
             else:
                 log.warning("reward-hacking alarm cleared at step %d", step)
             fields["alarm/event"] = event["event"]
-        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
+        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict(), ONSET_KEY: self.onset, RAISES_KEY: self.raises}
         if self.acting:
+            if observation.raised and "rollback" in self.actions:
+                state[ROLLBACK_KEY] = {"raise": self.raises, "at_most_version": self.onset.get("policy_version", 0)}
+                log.warning("alarm: rolling the policy back to its newest checkpoint at or below version %d "
+                            "(onset: step %s)", state[ROLLBACK_KEY]["at_most_version"], self.onset.get("step"))
             if self.latch and observation.raised and not self.latched:
                 self.latched = state[LATCHED_KEY] = True
                 log.warning("alarm.latch: its actions stay in force for the rest of the run")

@@ -143,12 +143,12 @@ def compare_plot(runs: Runs, path: Path) -> Path:
 
 def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
     """Per run label and seed: the reward-hacking alarm's raises, the first one's step, the steps the policy trained
-    on the verifier's reward instead and the steps VerifyRM's update was raised with flagged negatives (act mode),
-    the final test accuracy and, where the run has a no-action control (`<label>-noaction`, the alarm only warning),
+    on the verifier's reward instead, the steps VerifyRM's update was raised with flagged negatives and the
+    rollbacks ("step:v<version restored>"; act mode), the final test accuracy and, where the run has a no-action control (`<label>-noaction`, the alarm only warning),
     the control's. Empty when no run was watched."""
     by_label = _as_seeds(runs)
-    rows = [["run", "seed", "alarms", "first at", "steps on verifier", "RM updates raised", f"test end ({benchmark})",
-             "no-action end"]]
+    rows = [["run", "seed", "alarms", "first at", "steps on verifier", "RM updates raised", "rollbacks",
+             f"test end ({benchmark})", "no-action end"]]
     for label, by_seed in by_label.items():
         controls = by_label.get(label + NO_ACTION, [])
         for index, (seed, records) in enumerate(zip(seeds, by_seed, strict=True)):
@@ -157,10 +157,12 @@ def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
             raises = [r["step"] for r in records if r.get("alarm/event") == "raised"]
             acted = sum(r.get("reward_source") == "verifier" for r in records)
             raised_rm = sum(r.get("alarm/rm_negatives", False) for r in records)
+            rollbacks = ",".join(f"{r['step']}:v{r['alarm/rolled_back_to']}" for r in records
+                                 if "alarm/rolled_back_to" in r)
             end = _last_value(records, f"test/{benchmark}") if benchmark else None
             control = _last_value(controls[index], f"test/{benchmark}") if controls and benchmark else None
             rows.append([label, str(seed), str(len(raises)), str(raises[0]) if raises else "-", str(acted),
-                         str(raised_rm), _fmt(end), _fmt(control)])
+                         str(raised_rm), rollbacks or "-", _fmt(end), _fmt(control)])
     if len(rows) == 1:
         return ""
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]

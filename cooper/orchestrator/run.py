@@ -86,6 +86,8 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         logits = sc.get("logits") or [r - 0.5 for r in rewards]
         record["rm_auroc"] = auroc(logits, correct)
         record["rm_false_positive_rate"] = false_positive_rate(logits, correct, threshold=0.0)
+    if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
+        record["alarm/rolled_back_to"] = pu["rolled_back_to"]
     for key, value in pu["metrics"].items():
         record[f"policy/{key}"] = value
     if "kl_seq" in pu["metrics"]:  # the policy reports kl_seq only when it measured KL against its initial weights

@@ -61,7 +61,9 @@ class PolicyUpdateResult(StageResult):
     metrics: dict[str, float]
     policy_version: int  # after the update
     replayed: bool
-    reward_source: str  # "reward_model", or "verifier" while the reward-hacking alarm acts (rule mode: "verifier")
+    reward_source: str  # "reward_model", or "verifier" while the reward-hacking alarm acts (rule mode: "verifier"),
+    # or "rollback": the alarm's rollback restored an earlier checkpoint instead of an update (metrics empty)
+    rolled_back_to: NotRequired[int]  # with "rollback": the version whose weights the policy serves again
 
 
 class PairRecord(TypedDict):

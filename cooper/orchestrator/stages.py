@@ -20,7 +20,7 @@ from typing import Any
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
-from cooper.orchestrator.alarm_watch import active_actions
+from cooper.orchestrator.alarm_watch import ROLLBACK_DONE_KEY, ROLLBACK_KEY, active_actions
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stage_results import (
@@ -196,10 +196,31 @@ def score(ctx: StageContext, step: int) -> ScoreResult:
     return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
 
 
+def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> PolicyUpdateResult | None:
+    """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
+    the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
+    weights being rolled back). None when no rollback is due, and the update goes on."""
+    request = ctx.store.state().get(ROLLBACK_KEY)
+    if not request:
+        return None
+    key_run, done = f"{ctx.run_id}/rollback", int(ctx.store.state().get(ROLLBACK_DONE_KEY, 0))
+    retried = info.last_key == f"{key_run}/{request['raise']}" and info.version == sampled + 1  # this job's, again
+    if not retried and (request["raise"] <= done or info.version != sampled):
+        return None
+    reply = ctx.client("policy").restore(key_run, request["raise"], request["at_most_version"])
+    expect_version("policy", reply.version, sampled + 1, job)
+    ctx.store.set_state(**{ROLLBACK_DONE_KEY: request["raise"]})
+    return {"metrics": {}, "policy_version": reply.version, "replayed": reply.replayed, "reward_source": "rollback",
+            "rolled_back_to": reply.restored_version}
+
+
 def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
-    expect_before_update("policy", policy.info(), sampled, f"{ctx.run_id}/{step}", job)
+    info = policy.info()
+    if ctx.config.alarm.mode == "act" and (rolled_back := rollback_policy(ctx, info, sampled, job)):
+        return rolled_back
+    expect_before_update("policy", info, sampled, f"{ctx.run_id}/{step}", job)
     rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.

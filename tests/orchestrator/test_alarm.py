@@ -219,6 +219,38 @@ def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_pa
     assert active[False] == [[]] * 30 and active[True] == [["verifier_reward"]] * 30
 
 
+def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_client, run_id) -> None:
+    from cooper.config import load_config
+    from cooper.orchestrator.alarm_watch import ROLLBACK_KEY, AlarmWatch
+    from cooper.orchestrator.run_store import RunStore
+
+    config = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=act",
+                                    "alarm.actions=[verifier_reward,rollback]"])
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(config, store, tmp_path)
+    assert watch is not None and watch.actions == ["verifier_reward", "rollback"]
+    records = [{**r, "policy_version_sampled": r["step"] + 100} for r in _records(120, hack_from=60)]
+    fields = [watch.observe(r) for r in records]
+    raised_at = next(i for i, f in enumerate(fields) if f.get("alarm/event") == "raised")
+    request = store.state()[ROLLBACK_KEY]
+    event = json.loads((tmp_path / "alarms.jsonl").read_text().splitlines()[0])
+    onset = event["onset"]["step"]
+    # The onset is the last step with every statistic at 0, here before the hack began (step 60): the rollback
+    # reaches weights the hack had not touched.
+    assert 30 <= onset < 60 < raised_at
+    assert fields[onset]["alarm/statistic"] == 0 and all(f["alarm/statistic"] > 0 for f in fields[onset + 1 : raised_at])
+    assert request == {"raise": 1, "at_most_version": onset + 100} and event["onset"]["policy_version"] == onset + 100
+    warn = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=warn",
+                                  "alarm.actions=[rollback]"])
+    quiet_store = RunStore(redis_client, "cooper-test", f"{run_id}-warn")
+    warned = AlarmWatch.for_run(warn, quiet_store, tmp_path / "warn")
+    assert warned is not None
+    (tmp_path / "warn").mkdir()
+    for r in records:
+        warned.observe(r)
+    assert ROLLBACK_KEY not in quiet_store.state()  # warn mode rolls nothing back
+
+
 def test_flagged_false_positives_are_the_accepted_rejected_rollouts_against_their_prompts_positive() -> None:
     from cooper.orchestrator.stages import flagged_false_positives
 
@@ -242,13 +274,14 @@ def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
 
     watched = [{"step": 0, "alarm/state": "baseline", "reward_source": "reward_model"},
                {"step": 1, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "reward_model"},
-               {"step": 2, "alarm/state": "alarm", "reward_source": "verifier", "alarm/rm_negatives": True,
+               {"step": 2, "alarm/state": "alarm", "reward_source": "rollback", "alarm/rolled_back_to": 0},
+               {"step": 3, "alarm/state": "alarm", "reward_source": "verifier", "alarm/rm_negatives": True,
                 "test/heldout": 0.5}]
     quiet = [{"step": 0, "alarm/state": "clear", "reward_source": "reward_model", "test/heldout": 0.75}]
     table = alarm_table({"static": [watched, quiet], "rule": [[{"step": 0}], [{"step": 0}]]}, [11, 12], "heldout")
     lines = [line.split() for line in table.splitlines()]
-    assert lines[1] == ["static", "11", "1", "1", "1", "1", "0.500", "-"]
-    assert lines[2] == ["static", "12", "0", "-", "0", "0", "0.750", "-"]
+    assert lines[1] == ["static", "11", "1", "1", "1", "1", "2:v0", "0.500", "-"]
+    assert lines[2] == ["static", "12", "0", "-", "0", "0", "-", "0.750", "-"]
     assert len(lines) == 3  # rule mode is never watched: no row
     assert alarm_table({"rule": [[{"step": 0}]]}, [1], "heldout") == ""
 
@@ -262,8 +295,8 @@ def test_the_experiment_table_sets_each_acting_run_beside_its_no_action_control(
                 "test/heldout": 0.2}]
     lines = [line.split() for line in alarm_table({"static": [acting], "static-noaction": [warning]}, [5],
                                                   "heldout").splitlines()]
-    assert lines[1] == ["static", "5", "1", "0", "1", "0", "0.900", "0.200"]
-    assert lines[2] == ["static-noaction", "5", "1", "0", "0", "0", "0.200", "-"]
+    assert lines[1] == ["static", "5", "1", "0", "1", "0", "-", "0.900", "0.200"]
+    assert lines[2] == ["static-noaction", "5", "1", "0", "0", "0", "-", "0.200", "-"]
 
 
 def test_a_no_action_control_needs_an_acting_alarm_and_a_watched_mode(tmp_path) -> None:

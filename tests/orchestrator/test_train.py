@@ -117,29 +117,39 @@ def test_static_mode_never_updates_the_reward_model(tmp_path):
     assert "RM bench acc" in result.stdout
 
 
-def test_an_acting_alarm_trains_the_policy_on_the_verifier_while_it_is_up(tmp_path):
+def test_an_acting_alarm_rolls_the_policy_back_and_trains_it_on_the_verifier_while_it_is_up(tmp_path):
     # A trigger-happy alarm (a 2-step baseline, threshold 0: any evidence at all) raises within a few steps of a real
-    # static run; from then on policy_update trains on the verifier's reward while score still asks the reward model.
+    # static run; then one policy update is replaced by a rollback to the checkpoint of the onset's version, and
+    # from then on policy_update trains on the verifier's reward while score still asks the reward model.
     result = _cooper("train", "--no-progress", "run.mode=static", "run.steps=10", "run.name=a",
-                     f"run.output_dir={tmp_path}", "alarm.mode=act", "alarm.baseline_steps=2",
-                     "alarm.threshold=0", "alarm.drift=0.01", "alarm.clear_steps=100",
-                     "eval.every=0", "run.batch_size=4")
+                     f"run.output_dir={tmp_path}", "alarm.mode=act", "alarm.actions=[verifier_reward,rollback]",
+                     "alarm.baseline_steps=2", "alarm.threshold=0", "alarm.drift=0.01", "alarm.clear_steps=100",
+                     "policy.save_every=1", "policy.keep_checkpoints=10", "eval.every=0", "run.batch_size=4")
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(tmp_path / "a")
     events = [json.loads(line) for line in (tmp_path / "a" / "alarms.jsonl").read_text().splitlines()]
-    raised = events[0]["step"]
-    assert events[0]["event"] == "raised" and events[0]["actions"] == ["verifier_reward"]
+    raised, onset = events[0]["step"], events[0]["onset"]
+    assert events[0]["event"] == "raised" and events[0]["actions"] == ["verifier_reward", "rollback"]
     assert events[0]["policy_version"] == raised + 1 and events[0]["reward_version"] == 0
     assert [r["alarm/state"] for r in records[:2]] == ["baseline", "baseline"]
     assert all(r["alarm/state"] == "alarm" for r in records[raised:])
+    assert onset["step"] < raised and onset["policy_version"] == records[onset["step"]]["policy_version_sampled"]
     # Before the raise the reward model's reward trained the policy; the driver logs a step after its update, so
-    # the fallback starts at most a couple of steps after the raise, and holds to the end.
+    # the actions start at most a couple of steps after the raise: one rollback, then the verifier to the end.
     sources = [r["reward_source"] for r in records]
     assert sources[: raised + 1] == ["reward_model"] * (raised + 1)
-    assert "verifier" in sources and sources[-1] == "verifier"
-    first = sources.index("verifier")
-    assert first <= raised + 3 and set(sources[first:]) == {"verifier"}
-    assert "reward-hacking alarm raised" in result.stderr
+    back = sources.index("rollback")
+    assert raised < back <= raised + 3 and sources.count("rollback") == 1
+    assert set(sources[back + 1 :]) == {"verifier"} and sources[-1] == "verifier"
+    assert "verifier" not in sources[:back]
+    # The onset's version was checkpointed (save_every 1), so that is what serves again, as the next version: versions
+    # only go up, and the next rollout samples from the restored weights.
+    assert records[back]["alarm/rolled_back_to"] == onset["policy_version"]
+    assert [r["policy_version"] for r in records] == list(range(1, 11))
+    assert records[back + 1]["policy_version_sampled"] == records[back]["policy_version"]
+    restored = tmp_path / "a" / "checkpoints" / "policy" / f"v{records[back]['policy_version']:08d}"
+    assert json.loads((restored / "state.json").read_text())["tag"] == f"restored-v{onset['policy_version']}"
+    assert "reward-hacking alarm raised" in result.stderr and "rolling the policy back" in result.stderr
 
 
 def test_an_acting_alarm_in_cooper_mode_trains_verifyrm_harder_on_the_rollouts_it_overpays(tmp_path):

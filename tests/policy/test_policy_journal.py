@@ -109,3 +109,49 @@ def test_periodic_saves_need_a_journal_bound(make_config: Callable[..., PolicyCo
     with pytest.raises(ValueError, match="policy.journal with policy.save_every 0"):
         make_config(tmp_path, save_every=0)
     assert make_config(tmp_path, save_every=0, journal=False).save_every == 0
+
+
+def _weights(core: PolicyCore) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in core.model.named_parameters()}
+
+
+def test_restore_rolls_back_as_the_next_version_and_survives_a_restart(
+        tmp_path: Path, make_config: Callable[..., PolicyConfig]) -> None:
+    """The reward-hacking alarm's rollback: the newest kept checkpoint at or below a version becomes the next
+    version (weights and optimizer state), checkpointed before the reply; a retry answers the recorded reply, also
+    after a restart; a checkpoint of the branch a restore left behind is never restored."""
+    config = make_config(tmp_path, save_every=3, keep_checkpoints=3, save_in_background=False,
+                         optim={"lr": 1e-2, "warmup_steps": 4})
+    core = PolicyCore(config)
+    initial = _weights(core)
+    _train(core, range(3))
+    at_v3 = _weights(core)
+    _train(core, range(3, 7))  # checkpoints v3 and v6, the journal holds v7
+    assert core.version == 7
+
+    restored = core.restore("run/rollback/1", at_most_version=5)
+    assert (restored.restored_version, restored.version, restored.replayed) == (3, 8, False)
+    assert Path(restored.checkpoint).name == "v00000008" and Path(restored.checkpoint).is_dir()
+    assert all(torch.equal(p, at_v3[name]) for name, p in core.model.named_parameters())
+    assert core.trainer.updates == 3  # the optimizer state of v3: the warm-up goes on from there
+    assert UpdateJournal(tmp_path / JOURNAL_DIR).versions() == []  # v8 is on disk: nothing to apply again
+    assert core.restore("run/rollback/1", at_most_version=5) == restored.__class__(3, 8, restored.checkpoint, True)
+
+    resumed = PolicyCore(config)  # a restart comes back at the restored version, with the key's reply
+    assert resumed.version == 8 and resumed.trainer.updates == 3
+    assert all(torch.equal(p, at_v3[name]) for name, p in resumed.model.named_parameters())
+    assert resumed.restore("run/rollback/1", at_most_version=5).replayed
+    _train(resumed, range(7, 8))  # v9, checkpointed; kept: v6 (the abandoned branch), v8, v9
+
+    # v4-v7 were left behind: v6 is kept but is not this branch's, so at most 7 reaches the initial model.
+    again = resumed.restore("run/rollback/2", at_most_version=7)
+    assert (again.restored_version, again.version) == (0, 10)
+    assert all(torch.equal(p, initial[name]) for name, p in resumed.model.named_parameters())
+    assert resumed.trainer.updates == 0
+    assert resumed.train("j/after", *_rollout(resumed, 9), group_size=4).version == 11  # trains on from there
+
+    with pytest.raises(ValueError, match="idempotency key"):
+        resumed.restore("", 3)
+    with pytest.raises(ValueError, match="at least 0"):
+        resumed.restore("run/rollback/3", -1)
+    assert resumed.version == 11  # nothing was applied

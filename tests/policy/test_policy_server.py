@@ -144,7 +144,13 @@ def test_bad_requests_are_invalid_argument(serve: Callable[[PolicyConfig], Serve
     with pytest.raises(grpc.RpcError) as err:
         client.train("", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=2)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "idempotency key" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:
+        client.restore("run", 1, at_most_version=-1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at_most_version" in err.value.details()
     assert client.info().version == 0  # nothing was applied
+    restored = client.restore("run", 1, at_most_version=0)  # nothing saved yet: the initial model, as version 1
+    assert (restored.restored_version, restored.version, restored.replayed) == (0, 1, False)
+    assert client.restore("run", 1, at_most_version=0).replayed and client.info().last_key == "run/1"
 
 
 def test_cooper_serve_policy_starts_and_drains(tmp_path: Path) -> None:

@@ -8,7 +8,14 @@ from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.client import ServiceClient
-from cooper.services.policy.messages import Completion, Generation, PolicyInfo, SavedCheckpoint, TrainResult
+from cooper.services.policy.messages import (
+    Completion,
+    Generation,
+    PolicyInfo,
+    RestoreResult,
+    SavedCheckpoint,
+    TrainResult,
+)
 
 
 class PolicyClient(ServiceClient):
@@ -67,3 +74,10 @@ class PolicyClient(ServiceClient):
     def save(self, tag: str = "") -> SavedCheckpoint:
         r = self.call(self.stub.Save, common_pb2.SaveRequest(tag=tag))
         return SavedCheckpoint(r.path, r.version)
+
+    def restore(self, run_id: str, step: int, at_most_version: int) -> RestoreResult:
+        """Roll back to the newest kept checkpoint at or below `at_most_version`, as the next version; retrying the
+        same (run_id, step) returns the recorded reply (`replayed`)."""
+        r = self.call(self.stub.Restore, policy_pb2.RestoreRequest(
+            key=common_pb2.IdempotencyKey(run_id=run_id, step=step), at_most_version=at_most_version))
+        return RestoreResult(r.restored_version, r.version, r.checkpoint, r.replayed)

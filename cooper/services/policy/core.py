@@ -32,6 +32,7 @@ from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import (
     BackgroundSave,
     checkpoint_name,
+    complete_checkpoints,
     latest_checkpoint,
     read_optimizer_state,
     read_state,
@@ -44,7 +45,7 @@ from cooper.runtime.journal import UpdateJournal
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.errors import RankFailure, RanksRestarted
-from cooper.services.policy.messages import TrainResult
+from cooper.services.policy.messages import RestoreResult, TrainResult
 from cooper.services.policy.models import load_reference
 from cooper.services.policy.trainer import (
     GRPOTrainer,
@@ -140,6 +141,8 @@ class PolicyCore:
         self.checkpoint = ""
         self.saved_version = 0
         """The version of the newest checkpoint written or loaded (0: the initial model, never saved)."""
+        self.abandoned: list[tuple[int, int]] = []
+        """Version ranges a restore left behind (first, last): their checkpoints are another branch's weights."""
         if checkpoint:
             if self.world_size == 1:  # the ranks load their shards of it themselves
                 self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
@@ -154,6 +157,7 @@ class PolicyCore:
         self.version = int(state["version"])
         self.last_key = state.get("last_key", "")
         self.history = OrderedDict(state.get("history", {}))
+        self.abandoned = [(int(first), int(last)) for first, last in state.get("abandoned", [])]
         self.checkpoint = str(checkpoint)
         self.saved_version = self.version
         log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
@@ -207,7 +211,7 @@ class PolicyCore:
             self._restore_state(checkpoint)
         else:
             self.version, self.last_key, self.history, self.checkpoint = 0, "", OrderedDict(), ""
-            self.saved_version = 0
+            self.saved_version, self.abandoned = 0, []
         self.engine.sync_weights()
         self.trainer = self._start_ranks(weights_path, checkpoint)
         self._replay_journal()
@@ -253,6 +257,56 @@ class PolicyCore:
                 raise self._restart_ranks(failure) from failure
             return TrainResult(metrics, self.version, False)
 
+    def restore(self, key: str, at_most_version: int) -> RestoreResult:
+        """Roll back to the newest kept checkpoint at or below `at_most_version` (the initial model when none is
+        kept): its weights and optimizer state become version `version + 1`, checkpointed before this returns, so a
+        crash either loses the restore (the caller's retry applies it) or keeps it. Versions only go up: every
+        version a caller has seen still names one set of weights. How far back it can reach is
+        policy.keep_checkpoints x policy.save_every versions (the reward-hacking alarm's rollback)."""
+        if not key:
+            raise ValueError("Restore needs an idempotency key (key.run_id and key.step)")
+        if at_most_version < 0:
+            raise ValueError(f"at_most_version must be at least 0 (got {at_most_version})")
+        with self._lock:
+            if key in self.history:
+                recorded = self.history[key]
+                return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
+                                     str(recorded.get("checkpoint", "")), True)
+            self.background_save.wait()  # a checkpoint still being written may be the one to restore
+            target = self._restore_target(min(at_most_version, self.version))
+            restored_version = int(read_state(target)["version"]) if target else 0
+            weights_path = str(target) if target else self.initial_path
+            fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
+            self.model.load_state_dict(fresh.state_dict())  # in place: the engine keeps its module
+            del fresh
+            if self.world_size > 1:
+                self.trainer.close()
+                self.trainer = self._start_ranks(weights_path, target)
+            else:  # a fresh optimizer, then the checkpoint's state (the initial model has none: it starts fresh)
+                self.trainer = GRPOTrainer.from_config(self.model, self.reference, self.cfg,
+                                                       self.tokenizer.pad_token_id, self.autocast)
+                if target:
+                    self.trainer.load_optimizer_state(read_optimizer_state(target))
+            if restored_version < self.version:
+                self.abandoned.append((restored_version + 1, self.version))
+            self.version += 1
+            self._record(key, {"restored_version": float(restored_version)})
+            checkpoint = str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
+            self.history[key]["checkpoint"] = checkpoint  # saved with it: a retry after a restart answers the same
+            self.engine.sync_weights()
+            self._save(f"restored-v{restored_version}")
+            log.warning("policy restored the weights of version %d (%s) as version %d", restored_version,
+                        weights_path, self.version)
+            return RestoreResult(restored_version, self.version, checkpoint, False)
+
+    def _restore_target(self, at_most_version: int) -> Path | None:
+        """The newest complete checkpoint of this branch at or below `at_most_version`; None: the initial model."""
+        for path in reversed(complete_checkpoints(self.cfg.checkpoint_dir)):
+            version = int(read_state(path)["version"])
+            if version <= at_most_version and not any(first <= version <= last for first, last in self.abandoned):
+                return path
+        return None
+
     def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
         if group_size < 2:
             raise ValueError(f"group_size must be at least 2 (got {group_size}): a group of one has no relative signal")
@@ -293,7 +347,7 @@ class PolicyCore:
         background thread (returns at once; the directory is complete once the write lands)."""
         self.background_save.wait()  # one write at a time, in version order: pruning must never overtake
         state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
-                 "model": self.cfg.model}
+                 "model": self.cfg.model, "abandoned": [list(r) for r in self.abandoned]}
         if not background:
             self._write_checkpoint(state, None, self.trainer.optimizer_state())
             return self.checkpoint

@@ -42,6 +42,17 @@ class TrainResult:
 
 
 @dataclass(frozen=True)
+class RestoreResult:
+    """Restore's reply: the version whose weights serve now, the service's version after the restore (one more than
+    before it), the checkpoint written of the restored state, and whether the key had been applied before."""
+
+    restored_version: int
+    version: int
+    checkpoint: str
+    replayed: bool
+
+
+@dataclass(frozen=True)
 class PolicyInfo:
     model: str
     version: int

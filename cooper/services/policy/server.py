@@ -96,6 +96,12 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
         path, version = await self._run(context, self.core.save, request.tag)
         return common_pb2.SaveResponse(path=path, version=version)
 
+    async def Restore(self, request: policy_pb2.RestoreRequest, context: grpc.aio.ServicerContext
+                      ) -> policy_pb2.RestoreResponse:
+        result = await self._run(context, self.core.restore, idempotency_key(request.key), request.at_most_version)
+        return policy_pb2.RestoreResponse(restored_version=result.restored_version, version=result.version,
+                                          checkpoint=result.checkpoint, replayed=result.replayed)
+
 
 def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
     """The gRPC service around an already built core (tests and benchmarks share one core this way)."""

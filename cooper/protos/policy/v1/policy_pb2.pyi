@@ -115,3 +115,23 @@ class InfoResponse(_message.Message):
     last_key: str
     checkpoint: str
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., parameters: _Optional[int] = ..., device: _Optional[str] = ..., engine: _Optional[str] = ..., last_key: _Optional[str] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("key", "at_most_version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    AT_MOST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: _common_pb2.IdempotencyKey
+    at_most_version: int
+    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., at_most_version: _Optional[int] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("restored_version", "version", "checkpoint", "replayed")
+    RESTORED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    restored_version: int
+    version: int
+    checkpoint: str
+    replayed: bool
+    def __init__(self, restored_version: _Optional[int] = ..., version: _Optional[int] = ..., checkpoint: _Optional[str] = ..., replayed: bool = ...) -> None: ...

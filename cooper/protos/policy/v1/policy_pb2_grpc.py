@@ -55,6 +55,11 @@ class PolicyStub(object):
                 request_serializer=cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveRequest.SerializeToString,
                 response_deserializer=cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveResponse.FromString,
                 _registered_method=True)
+        self.Restore = channel.unary_unary(
+                '/cooper.policy.v1.Policy/Restore',
+                request_serializer=cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreRequest.SerializeToString,
+                response_deserializer=cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreResponse.FromString,
+                _registered_method=True)
 
 
 class PolicyServicer(object):
@@ -84,6 +89,12 @@ class PolicyServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Restore(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PolicyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +117,11 @@ def add_PolicyServicer_to_server(servicer, server):
                     servicer.Save,
                     request_deserializer=cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveRequest.FromString,
                     response_serializer=cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveResponse.SerializeToString,
+            ),
+            'Restore': grpc.unary_unary_rpc_method_handler(
+                    servicer.Restore,
+                    request_deserializer=cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreRequest.FromString,
+                    response_serializer=cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +232,33 @@ class Policy(object):
             '/cooper.policy.v1.Policy/Save',
             cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveRequest.SerializeToString,
             cooper_dot_protos_dot_common_dot_v1_dot_common__pb2.SaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Restore(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cooper.policy.v1.Policy/Restore',
+            cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreRequest.SerializeToString,
+            cooper_dot_protos_dot_policy_dot_v1_dot_policy__pb2.RestoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
