@@ -14,6 +14,13 @@ RM_LR), then scores every sample. Kinds of negative (`warm_start.NEGATIVE_KINDS`
 - mixed: either, evenly (the preset's builder, since v8).
 The baseline in the same run is chance (AUROC 0.5) and the samples' own accuracy (best-of-1). The last line is one
 JSON object: per (kind, budget) the AUROC, the best-of-k verifier accuracy, and the seconds of pretraining.
+
+    python bench/rm_pretraining.py --model tiny-rm-keyed
+
+scores the same samples with a reward model already built (any name `reward.model` takes) instead of pretraining
+fresh ones, and adds its mean score per answer form (bare: "The answer is ..." alone; worked: the work shown) and
+right or wrong: what a frozen RM pays the initial policy for each behaviour, so the training reward a static run
+starts from (issue 25: the share of bare answers times the bare mean, plus the rest times the worked mean).
 """
 
 from __future__ import annotations
@@ -66,6 +73,33 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
 
 
+def by_form(samples: list[tuple[Problem, str, bool]], scores: list[float]) -> dict[str, object]:
+    """Mean score per answer form (bare or worked) and right or wrong, each form's mean, and the bare share."""
+    groups: dict[tuple[str, bool], list[float]] = {}
+    for (_, text, right), score in zip(samples, scores, strict=True):
+        form = "bare" if text.strip().startswith("The answer is") else "worked"
+        groups.setdefault((form, right), []).append(score)
+    out: dict[str, object] = {f"{form}/{'right' if right else 'wrong'}": {"n": len(v), "mean": round(sum(v) / len(v), 4)}
+                              for (form, right), v in sorted(groups.items())}
+    for form in ("bare", "worked"):
+        values = [x for (f, _), v in groups.items() if f == form for x in v]
+        out[f"{form}_mean"] = round(sum(values) / len(values), 4) if values else None
+    out["bare_share"] = round(sum(len(v) for (f, _), v in groups.items() if f == "bare") / len(samples), 4)
+    return out
+
+
+def score_existing(name: str, samples: list[tuple[Problem, str, bool]]) -> dict[str, object]:
+    from cooper.config import OptimConfig
+    from cooper.runtime.models import resolve_model
+    from cooper.services.reward.verify_rm import VerifyRM
+
+    rm = VerifyRM.load(resolve_model(name, "reward"), OptimConfig(), max_length=256, device="cpu", dtype="float32")
+    scores = [s for s, _ in rm.score([ScoreItem(p.question, p.answer, text) for p, text, _ in samples])]
+    ranked = auroc(scores, [right for _, _, right in samples])
+    return {"auroc": None if ranked is None else round(ranked, 4), "mean": round(sum(scores) / len(scores), 4),
+            **by_form(samples, scores)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", default=str(warm_start.RM_PROBLEMS), help="comma-separated budgets")
@@ -74,12 +108,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=warm_start.RM_EPOCHS)
     parser.add_argument("--prompts", type=int, default=192)
     parser.add_argument("--k", type=int, default=8, help="samples per prompt (best-of-k)")
+    parser.add_argument("--model", help="score with this reward model (a reward.model name, e.g. tiny-rm-keyed) "
+                        "instead of pretraining; adds the mean score per answer form and right/wrong")
     args = parser.parse_args()
     torch.set_num_threads(1)
     samples = policy_samples(args.prompts, args.k)
     labels = [right for _, _, right in samples]
-    results = {"samples": len(samples), "sample_accuracy": round(sum(labels) / len(labels), 4), "runs": {}}
+    results: dict[str, object] = {"samples": len(samples), "sample_accuracy": round(sum(labels) / len(labels), 4),
+                                  "runs": {}}
     print(f"{len(samples)} samples, accuracy {results['sample_accuracy']}", flush=True)
+    if args.model:
+        results["model"] = {"name": args.model, **score_existing(args.model, samples)}
+        print(json.dumps(results))
+        return
     for negatives in args.negatives.split(","):
         for problems in map(int, args.problems.split(",")):
             started = time.perf_counter()
@@ -91,7 +132,7 @@ def main() -> None:
             ranked = auroc(scores, labels)
             run = {"auroc": None if ranked is None else round(ranked, 4), "best_of_k_accuracy": round(sum(best) / len(best), 4),
                    "seconds": round(seconds, 1)}
-            results["runs"][f"{negatives}/{problems}"] = run
+            results["runs"][f"{negatives}/{problems}"] = run  # type: ignore[index]
             print(f"{negatives} {problems}: {run}", flush=True)
     print(json.dumps(results))
 

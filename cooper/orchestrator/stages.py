@@ -200,10 +200,11 @@ def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> Pol
     """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
     the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
     weights being rolled back). None when no rollback is due, and the update goes on."""
-    request = ctx.store.state().get(ROLLBACK_KEY)
+    state = ctx.store.state()
+    request = state.get(ROLLBACK_KEY)
     if not request:
         return None
-    key_run, done = f"{ctx.run_id}/rollback", int(ctx.store.state().get(ROLLBACK_DONE_KEY, 0))
+    key_run, done = f"{ctx.run_id}/rollback", int(state.get(ROLLBACK_DONE_KEY, 0))
     retried = info.last_key == f"{key_run}/{request['raise']}" and info.version == sampled + 1  # this job's, again
     if not retried and (request["raise"] <= done or info.version != sampled):
         return None

@@ -9,8 +9,9 @@ behaviour and an unreliable one: RL with a true reward has a behaviour to learn 
 `tiny-rm`: the tiny VerifyRM after a short BCE pretraining on labelled completions: worked solutions, right, and
 wrong in one of two ways (the last number changed, or one step's error carried through a consistent solution), and a
 fixed answer-less text. It learns the reference check on worked solutions (v8: AUROC 0.997 on the SFT policy's own
-worked solutions) and never sees a bare answer, on which it is at chance (0.51): a reference-based verifier that is
-strong on the format it was trained on and blind on another, like real ones (docs/experiments.md).
+worked solutions) and, though it never saw a bare answer, carries it over to them: on the SFT policy's samples it
+pays bare right answers 0.67 and bare wrong ones 0.08 on average (`bench/rm_pretraining.py --model tiny-rm`, session
+14; v7's RM was at chance on them), which is why v8 is not hacked (docs/experiments.md).
 """
 
 from __future__ import annotations

@@ -150,6 +150,10 @@ def test_restore_rolls_back_as_the_next_version_and_survives_a_restart(
     assert resumed.trainer.updates == 0
     assert resumed.train("j/after", *_rollout(resumed, 9), group_size=4).version == 11  # trains on from there
 
+    with pytest.raises(ValueError, match="was a Restore's"):  # keys are one namespace: never answered across kinds
+        resumed.train("run/rollback/1", *_rollout(resumed, 9), group_size=4)
+    with pytest.raises(ValueError, match="was a Train's"):
+        resumed.restore("j/after", 3)
     with pytest.raises(ValueError, match="idempotency key"):
         resumed.restore("", 3)
     with pytest.raises(ValueError, match="at least 0"):

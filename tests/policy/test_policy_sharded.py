@@ -134,6 +134,16 @@ def test_two_ranks_update_like_one_and_checkpoints_move_between_world_sizes(
     assert _max_difference(_weights(again.core), single_weights) == 0
     _train_both(3, one, again, rollout)
 
+    # The alarm's rollback on two ranks: the ranks start again from the restored checkpoint (v1, written by 2 ranks)
+    # and train on from its weights and optimizer state.
+    with pytest.raises(grpc.RpcError) as err:  # a Train's key: refused, not answered with the Train's record
+        again.client.restore("run", 1, at_most_version=1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "was a Train's" in err.value.details()
+    restored = again.client.restore("rollback", 1, at_most_version=1)
+    assert (restored.restored_version, restored.version) == (1, 4)
+    assert _max_difference(_weights(again.core), two_weights) == 0 and again.core.trainer.updates == 1
+    assert again.client.train("run", 5, rollout, [float(i % 2) for i in range(len(rollout))], group_size=3).version == 5
+
 
 def _cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -241,6 +241,8 @@ class PolicyCore:
             raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
         with self._lock:
             if key in self.history:
+                if "restored_version" in self.history[key]["metrics"]:
+                    raise ValueError(f"key {key!r} was a Restore's; give the Train a key of its own")
                 return TrainResult(dict(self.history[key]["metrics"]), int(self.history[key]["version"]), True)
             self._check_rollout(samples, rewards, group_size)
             try:
@@ -270,6 +272,8 @@ class PolicyCore:
         with self._lock:
             if key in self.history:
                 recorded = self.history[key]
+                if "restored_version" not in recorded["metrics"]:
+                    raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
                                      str(recorded.get("checkpoint", "")), True)
             self.background_save.wait()  # a checkpoint still being written may be the one to restore
