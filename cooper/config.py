@@ -657,10 +657,16 @@ class AlarmConfig(StrictModel):
     1/0 reward (rule mode's) until the alarm clears. rm_negatives (cooper mode; ignored in static mode, whose
     reward model never trains): VerifyRM's update takes `rm_update_factor` times reward.update_steps optimizer
     steps, and the flagged false positives (rollouts it accepted and the verifier rejected) join its pairs as
-    negatives, each against its prompt's verified positive. rollback: once per raise, the next policy update is
-    skipped and the policy service restores its newest kept checkpoint from before the onset (the last step at
-    which every CUSUM statistic was 0) as its next version; how far back it can reach is policy.keep_checkpoints x
-    policy.save_every versions, and when no checkpoint that old is kept, the initial policy is restored."""
+    negatives, each against its prompt's verified positive. rollback: once per raise, when it comes into force,
+    the next policy update is skipped and the policy service restores its newest kept checkpoint from before the
+    onset (the last step at which every CUSUM statistic was 0) as its next version; how far back it can reach is
+    policy.keep_checkpoints x policy.save_every versions, and when no checkpoint that old is kept, the initial
+    policy is restored."""
+    escalate_after: int | None = Field(default=None, ge=1)
+    """In act mode, None: every action in `actions` is taken from the raise. N: graded, in the order listed: the
+    first action from the raise, and the next joins each time the alarm has stayed up N more steps (for example
+    `actions: [rm_negatives, verifier_reward, rollback]`, `escalate_after: 20`: VerifyRM learns harder first, the
+    verifier's reward after 20 steps still up, the rollback after 40)."""
     rm_update_factor: int = Field(default=4, ge=1)
     """rm_negatives: how many times reward.update_steps an update takes while the alarm is up."""
     latch: bool = False

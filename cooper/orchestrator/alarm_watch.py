@@ -26,10 +26,9 @@ log = logging.getLogger("cooper.orchestrator")
 STATE_KEY = "alarm"
 LATCHED_KEY = "alarm_latched"  # with alarm.latch: the alarm has raised once, so its actions stay in force
 ACTIVE_KEY = "alarm_active"  # in act mode: the actions in force while the alarm is up, [] when it is down
-ONSET_KEY = "alarm_onset"  # the step and policy version of the newest step with every statistic at 0
+ACTING_KEY = "alarm_acting"  # the raises so far, the current one's step, its onset, how many actions are in force
 ROLLBACK_KEY = "rollback_request"  # with the rollback action: {"raise": n, "at_most_version": v}, one per raise
 ROLLBACK_DONE_KEY = "rollback_done"  # the raise whose rollback request policy_update took last
-RAISES_KEY = "alarm_raises"
 EVENTS_FILE = "alarms.jsonl"
 
 
@@ -60,8 +59,12 @@ class AlarmWatch:
         self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
         state = store.state()
         self.latched = bool(state.get(LATCHED_KEY))
-        self.onset: dict[str, int] = dict(state.get(ONSET_KEY, {}))
-        self.raises = int(state.get(RAISES_KEY, 0))
+        self.escalate_after = alarm.escalate_after
+        acting = state.get(ACTING_KEY, {})
+        self.raises, self.raised_step = int(acting.get("raises", 0)), int(acting.get("raised_step", 0))
+        self.onset: dict[str, int] = dict(acting.get("onset", {}))  # the newest step with every statistic at 0
+        self.level = int(acting.get("level", 0))  # how many of `actions`, in order, are in force
+        self.rolled_back = int(acting.get("rolled_back", 0))  # the raise whose rollback was requested last
         saved = state.get(STATE_KEY)
         self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)
 
@@ -91,7 +94,7 @@ class AlarmWatch:
                                   "alarm/statistic": max(observation.statistics.values(), default=0.0),
                                   "alarm/threshold": observation.threshold}
         if observation.raised:
-            self.raises += 1
+            self.raises, self.raised_step = self.raises + 1, step
         if observation.raised or observation.cleared:
             event = {"step": step, "event": "raised" if observation.raised else "cleared",
                      "trigger": observation.trigger, "statistics": observation.statistics,
@@ -109,15 +112,31 @@ class AlarmWatch:
             else:
                 log.warning("reward-hacking alarm cleared at step %d", step)
             fields["alarm/event"] = event["event"]
-        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict(), ONSET_KEY: self.onset, RAISES_KEY: self.raises}
+        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
         if self.acting:
-            if observation.raised and "rollback" in self.actions:
-                state[ROLLBACK_KEY] = {"raise": self.raises, "at_most_version": self.onset.get("policy_version", 0)}
-                log.warning("alarm: rolling the policy back to its newest checkpoint at or below version %d "
-                            "(onset: step %s)", state[ROLLBACK_KEY]["at_most_version"], self.onset.get("step"))
             if self.latch and observation.raised and not self.latched:
                 self.latched = state[LATCHED_KEY] = True
                 log.warning("alarm.latch: its actions stay in force for the rest of the run")
-            state[ACTIVE_KEY] = self.actions if self.alarm.alarmed or self.latched else []
+            in_force = self._in_force(step)
+            if "rollback" in in_force and self.rolled_back < self.raises:
+                self.rolled_back = self.raises
+                state[ROLLBACK_KEY] = {"raise": self.raises, "at_most_version": self.onset.get("policy_version", 0)}
+                log.warning("alarm: rolling the policy back to its newest checkpoint at or below version %d "
+                            "(onset: step %s)", state[ROLLBACK_KEY]["at_most_version"], self.onset.get("step"))
+            state[ACTIVE_KEY] = in_force
+        state[ACTING_KEY] = {"raises": self.raises, "raised_step": self.raised_step, "onset": self.onset,
+                             "level": self.level, "rolled_back": self.rolled_back}
         self.store.set_state(**state)
         return fields
+
+    def _in_force(self, step: int) -> list[str]:
+        """The actions in force after this step: all of them while the alarm is up or, with alarm.escalate_after,
+        the first one from the raise and one more every escalate_after steps it stays up; after it clears none, or
+        with the latch the ones reached."""
+        if self.alarm.alarmed:
+            level = len(self.actions) if self.escalate_after is None else min(
+                len(self.actions), 1 + (step - self.raised_step) // self.escalate_after)
+            self.level = max(self.level, level) if self.latched else level
+        elif not self.latched:
+            self.level = 0
+        return self.actions[: self.level]

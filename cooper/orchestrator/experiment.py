@@ -29,6 +29,7 @@ from cooper.config import CooperConfig
 from cooper.orchestrator.figures import (
     COLORS,
     finish_panel,
+    mark_alarm,
     mean_over_seeds,
     overoptimization_plot,
     rm_health_plot,
@@ -130,12 +131,12 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
                         label=name + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
                         linewidth=1.8, linestyle=style)
-        if not key.startswith("test/"):  # where the reward-hacking alarm went up: a dotted line per raise
+        if not key.startswith("test/"):  # the reward-hacking alarm: raises, rollbacks, the steps an action acted
             for mode, seeds in by_mode.items():
                 if mode.endswith(NO_ACTION):
                     continue  # its raises are the acting run's until the first action: drawn once
-                for step in (r["step"] for records in seeds for r in records if r.get("alarm/event") == "raised"):
-                    ax.axvline(step, color=COLORS.get(mode), linestyle=":", linewidth=1.0, alpha=0.7)
+                for records in seeds:
+                    mark_alarm(ax, records, COLORS.get(mode_of(mode)))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         finish_panel(ax, title, fontsize=10)
     return save(fig, path)

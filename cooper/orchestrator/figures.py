@@ -49,6 +49,36 @@ def finish_panel(ax, title: str, fontsize: int = 9) -> None:  # type: ignore[no-
         ax.legend(fontsize=fontsize - 2)
 
 
+def action_spans(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    """The runs of consecutive steps (first, last) in which a reward-hacking alarm action was in force: the policy
+    trained on the verifier's reward instead of the reward model's, was rolled back, or VerifyRM's update was raised
+    (rule mode, whose reward is always the verifier's, has none)."""
+    spans: list[tuple[int, int]] = []
+    for r in records:
+        acting = (r.get("mode") != "rule" and r.get("reward_source") in ("verifier", "rollback")) or bool(
+            r.get("alarm/rm_negatives"))
+        if not acting:
+            continue
+        step = int(r["step"])
+        if spans and spans[-1][1] == step - 1:
+            spans[-1] = (spans[-1][0], step)
+        else:
+            spans.append((step, step))
+    return spans
+
+
+def mark_alarm(ax, records: Sequence[Mapping[str, Any]], color: str | None) -> None:  # type: ignore[no-untyped-def]
+    """On a per-step panel: a dotted line at each raise of the reward-hacking alarm, a dash-dot line at each
+    rollback, and a faint band over the steps an action was in force."""
+    for r in records:
+        if r.get("alarm/event") == "raised":
+            ax.axvline(r["step"], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
+        if "alarm/rolled_back_to" in r:
+            ax.axvline(r["step"], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
+    for first, last in action_spans(records):
+        ax.axvspan(first - 0.5, last + 0.5, color=color, alpha=0.05, linewidth=0)
+
+
 def save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
     fig.tight_layout()
     fig.savefig(path)

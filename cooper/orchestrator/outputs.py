@@ -98,6 +98,9 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> Path:
                 label=f"test accuracy ({key[5:]})")
     from matplotlib.ticker import MaxNLocator
 
+    from cooper.orchestrator.figures import mark_alarm
+
+    mark_alarm(ax, records, "tab:gray")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)

@@ -251,6 +251,43 @@ def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_cl
     assert ROLLBACK_KEY not in quiet_store.state()  # warn mode rolls nothing back
 
 
+def test_graded_actions_join_in_their_order_while_the_alarm_stays_up(tmp_path, redis_client, run_id) -> None:
+    from cooper.config import load_config
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, ROLLBACK_KEY, AlarmWatch
+    from cooper.orchestrator.run_store import RunStore
+
+    config = load_config(overrides=["run.mode=cooper", "run.steps=200", "alarm.mode=act", "alarm.escalate_after=10",
+                                    "alarm.actions=[rm_negatives,verifier_reward,rollback]"])
+    store = RunStore(redis_client, "cooper-test", run_id)
+    watch = AlarmWatch.for_run(config, store, tmp_path)
+    assert watch is not None
+    active, requests = [], []
+    for record in _records(120, hack_from=60):  # a hack that never stops: the alarm stays up once raised
+        fields = watch.observe(record)
+        active.append(store.state().get(ACTIVE_KEY))
+        requests.append(store.state().get(ROLLBACK_KEY))
+        if fields.get("alarm/event") == "raised":
+            raised = record["step"]
+    assert active[raised - 1] == []
+    assert active[raised : raised + 10] == [["rm_negatives"]] * 10
+    assert active[raised + 10 : raised + 20] == [["rm_negatives", "verifier_reward"]] * 10
+    assert active[raised + 20] == ["rm_negatives", "verifier_reward", "rollback"] == active[-1]
+    # The rollback is requested once, when it comes into force, not at the raise.
+    assert requests[raised + 19] is None and requests[raised + 20]["raise"] == 1 and requests[-1] == requests[raised + 20]
+
+
+def test_action_spans_are_the_steps_an_action_was_in_force() -> None:
+    from cooper.orchestrator.figures import action_spans
+
+    records = [{"step": 0, "mode": "static", "reward_source": "reward_model"},
+               {"step": 1, "mode": "static", "reward_source": "rollback"},
+               {"step": 2, "mode": "static", "reward_source": "verifier"},
+               {"step": 3, "mode": "static", "reward_source": "reward_model"},
+               {"step": 4, "mode": "cooper", "reward_source": "reward_model", "alarm/rm_negatives": True}]
+    assert action_spans(records) == [(1, 2), (4, 4)]
+    assert action_spans([{"step": 0, "mode": "rule", "reward_source": "verifier"}]) == []  # rule's own reward
+
+
 def test_flagged_false_positives_are_the_accepted_rejected_rollouts_against_their_prompts_positive() -> None:
     from cooper.orchestrator.stages import flagged_false_positives
 
