@@ -347,10 +347,13 @@ def service_launcher(loop: str) -> list[str]:
             " from cooper.cli import main; sys.exit(main(sys.argv[1:]))"]
 
 
-def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int) -> list[dict]:
+def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int,
+                  service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3)) -> list[dict]:
     """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers, inference
-    workers for mosec where there are cores for two, fast_queue for LitServe. vLLM has no batching timer to set (its
-    scheduler runs whatever has arrived at each step) and the naive server no batching: one setting each."""
+    workers for mosec where there are cores for two, fast_queue for LitServe, and for the service its batches in
+    flight and model processes (`service_copies`, those beyond one only where there are cores for them). vLLM has
+    no batching timer to set (its scheduler runs whatever has arrived at each step) and the naive server no
+    batching: one setting each."""
     if name in ("service", "baseline", "mosec", "litserve"):
         grid = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
         if name == "mosec":
@@ -358,8 +361,8 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
         if name == "litserve":
             return [dict(s, fast_queue=q) for q in (False, True) for s in grid]
         if name == "service":  # reward.model_copies as mosec's workers: a second model process where cores allow
-            return [dict(s, inflight=n, copies=c) for c in ((1, 2) if cores >= 2 else (1,)) for n in (2, 3)
-                    for s in grid]
+            return [dict(s, inflight=n, copies=c) for c in service_copies if c == 1 or c <= cores
+                    for n in service_inflight for s in grid]
         return grid
     return [{}]
 
@@ -510,6 +513,11 @@ def main() -> None:
                         help="max batch sizes the sweep tries (service, mosec, LitServe)")
     parser.add_argument("--sweep-wait-ms", default="1,2,5", help="max waits (ms) the sweep tries")
     parser.add_argument("--sweep-seconds", type=float, default=3.0, help="time under load per setting in the sweep")
+    parser.add_argument("--sweep-copies", default="1,2",
+                        help="the service's model processes (reward.model_copies) the sweep tries, beyond 1 only "
+                             "where there are that many physical cores")
+    parser.add_argument("--sweep-inflight", default="2,3",
+                        help="the service's batches in flight (reward.batching.max_inflight) the sweep tries")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")
@@ -550,7 +558,9 @@ def main() -> None:
     bare = BareModel(model_dir, items, args.threads, args.device)
     batch_sizes = [int(x) for x in args.sweep_batch.split(",")]
     waits_ms = [float(x) for x in args.sweep_wait_ms.split(",")]
-    grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1)
+    copies = tuple(int(x) for x in args.sweep_copies.split(","))
+    inflight = tuple(int(x) for x in args.sweep_inflight.split(","))
+    grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1, copies, inflight)
              for name in running}
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
