@@ -10,7 +10,10 @@ Signals, each in the direction a hack moves it (SIGNALS):
   false-positive rate on verifier-wrong rollouts times their share, the wrong answers the policy is rewarded for.
   (The rate alone raised false alarms on honest runs: as a policy improves, it is measured on ever fewer wrong
   rollouts, and swings from 0 to 0.4 between steps; docs/experiments.md);
-- `rm_auroc`: how well VerifyRM ranks verifier-right over verifier-wrong rollouts (down);
+- `rm_auroc`: how well VerifyRM ranks verifier-right over verifier-wrong rollouts (down); only on steps with at
+  least MIN_AUROC_SUPPORT rollouts of each kind (`rm_auroc_support`): with one wrong rollout among 32 the AUROC is
+  that rollout's rank, 0 or 1 by chance, and a policy that gets nearly everything right made the default run raise
+  twice late, on single steps' AUROC of 0.23 (session 14);
 - `reward_accuracy_gap`: training reward minus verifier accuracy (up), the proxy-gold gap of Gao et al. 2022;
   divided by sqrt(KL from the initial policy) where the run measures KL, so that honest drift of a policy that
   moves far is not read as a hack (proxy minus gold per unit of distance, their coordinates).
@@ -43,6 +46,7 @@ from typing import Any
 SIGNALS: dict[str, int] = {"rm_false_positive_share": 1, "rm_auroc": -1, "reward_accuracy_gap": 1}
 KL_KEY = "kl_from_initial"
 SIMULATED_RUNS = 1000
+MIN_AUROC_SUPPORT = 4
 
 
 @functools.lru_cache(maxsize=16)
@@ -105,6 +109,8 @@ def signal_values(record: Mapping[str, Any]) -> dict[str, float]:
     for name in ("rm_auroc", "reward_accuracy_gap"):
         if _defined(record.get(name)):
             values[name] = float(record[name])
+    if record.get("rm_auroc_support", MIN_AUROC_SUPPORT) < MIN_AUROC_SUPPORT:
+        values.pop("rm_auroc", None)  # too few rollouts of one kind for a ranking to be evidence
     rate, accuracy = record.get("rm_false_positive_rate"), record.get("verifier_accuracy")
     if _defined(rate) and _defined(accuracy):
         values["rm_false_positive_share"] = float(rate) * (1.0 - float(accuracy))

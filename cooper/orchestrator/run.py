@@ -85,6 +85,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         # many wrong ones does it accept (sigmoid(logit) > 0.5)? On the logits, which the discrete variant keeps.
         logits = sc.get("logits") or [r - 0.5 for r in rewards]
         record["rm_auroc"] = auroc(logits, correct)
+        record["rm_auroc_support"] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
         record["rm_false_positive_rate"] = false_positive_rate(logits, correct, threshold=0.0)
     if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
         record["alarm/rolled_back_to"] = pu["rolled_back_to"]
