@@ -145,8 +145,8 @@ def compare_plot(runs: Runs, path: Path) -> Path:
 def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
     """Per run label and seed: the reward-hacking alarm's raises, the first one's step, the steps the policy trained
     on the verifier's reward instead, the steps VerifyRM's update was raised with flagged negatives and the
-    rollbacks ("step:v<version restored>"; act mode), the final test accuracy and, where the run has a no-action control (`<label>-noaction`, the alarm only warning),
-    the control's. Empty when no run was watched."""
+    rollbacks ("step:v<version restored>"; act mode), the final test accuracy and, where the run has a no-action
+    control (`<label>-noaction`, the alarm only warning), the control's. Empty when no run was watched."""
     by_label = _as_seeds(runs)
     rows = [["run", "seed", "alarms", "first at", "steps on verifier", "RM updates raised", "rollbacks",
              f"test end ({benchmark})", "no-action end"]]

@@ -132,8 +132,7 @@ class PolicyCore:
             self.trainer = self._start_ranks(weights_path, checkpoint)
         else:
             self.reference = load_reference(cfg, self.initial_path, self.autocast, self.device)
-            self.trainer = GRPOTrainer.from_config(self.model, self.reference, cfg, self.tokenizer.pad_token_id,
-                                                   self.autocast)
+            self.trainer = self._single_rank_trainer()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.version = 0
         self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -202,9 +201,7 @@ class PolicyCore:
         self.background_save.wait()  # its copy was taken before the failure: let it land, it is the latest
         checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
-        fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
-        self.model.load_state_dict(fresh.state_dict())
-        del fresh
+        self._load_weights_in_place(weights_path)
         # Version and keys go back with the weights, before the ranks start: if starting them fails too, what this
         # service reports still matches what it samples from, and the next Train tries the start again.
         if checkpoint:
@@ -219,6 +216,17 @@ class PolicyCore:
             f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
             f"{weights_path} (version {self.version}); retry the call"
         )
+
+    def _load_weights_in_place(self, weights_path: str) -> None:
+        """The weights of `weights_path` into `self.model` (in place: the engine and the ranks keep its module)."""
+        fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
+        self.model.load_state_dict(fresh.state_dict())
+        del fresh
+
+    def _single_rank_trainer(self) -> GRPOTrainer:
+        """A trainer on `self.model` with a fresh optimizer (world_size 1)."""
+        return GRPOTrainer.from_config(self.model, self.reference, self.cfg, self.tokenizer.pad_token_id,
+                                       self.autocast)
 
     def close(self) -> None:
         """Let a background checkpoint finish; stop the other ranks (world_size > 1)."""
@@ -277,18 +285,14 @@ class PolicyCore:
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
                                      str(recorded.get("checkpoint", "")), True)
             self.background_save.wait()  # a checkpoint still being written may be the one to restore
-            target = self._restore_target(min(at_most_version, self.version))
-            restored_version = int(read_state(target)["version"]) if target else 0
+            target, restored_version = self._restore_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path
-            fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
-            self.model.load_state_dict(fresh.state_dict())  # in place: the engine keeps its module
-            del fresh
+            self._load_weights_in_place(weights_path)
             if self.world_size > 1:
                 self.trainer.close()
                 self.trainer = self._start_ranks(weights_path, target)
             else:  # a fresh optimizer, then the checkpoint's state (the initial model has none: it starts fresh)
-                self.trainer = GRPOTrainer.from_config(self.model, self.reference, self.cfg,
-                                                       self.tokenizer.pad_token_id, self.autocast)
+                self.trainer = self._single_rank_trainer()
                 if target:
                     self.trainer.load_optimizer_state(read_optimizer_state(target))
             if restored_version < self.version:
@@ -303,13 +307,14 @@ class PolicyCore:
                         weights_path, self.version)
             return RestoreResult(restored_version, self.version, checkpoint, False)
 
-    def _restore_target(self, at_most_version: int) -> Path | None:
-        """The newest complete checkpoint of this branch at or below `at_most_version`; None: the initial model."""
+    def _restore_target(self, at_most_version: int) -> tuple[Path | None, int]:
+        """The newest complete checkpoint of this branch at or below `at_most_version` and its version (from its
+        name, "v<version>"); (None, 0): the initial model."""
         for path in reversed(complete_checkpoints(self.cfg.checkpoint_dir)):
-            version = int(read_state(path)["version"])
+            version = int(path.name[1:])
             if version <= at_most_version and not any(first <= version <= last for first, last in self.abandoned):
-                return path
-        return None
+                return path, version
+        return None, 0
 
     def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
         if group_size < 2:
