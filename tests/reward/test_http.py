@@ -286,3 +286,87 @@ def test_a_response_head_and_body_go_out_in_one_write() -> None:
 
     inner = asyncio.run(respond())
     assert inner.calls[1:] == [("write", b"last"), ("close", b"")]
+
+
+def close(a: Any, b: Any) -> bool:
+    """Equal JSON, floats within 1e-5 (the same item in another batch may round differently)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and abs(a - b) <= 1e-5
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def test_the_scoring_fast_path_answers_as_fastapi_does(served: Served) -> None:
+    """Each request twice: with a Content-Length (the fast path takes the well-formed ones) and chunked (no length:
+    FastAPI's route always). Same status, same body but for the request id and time, same headers a client reads.
+    The routes' endpoints count their calls: the fast path must have answered the well-formed ones itself."""
+    app = served.http.server.config.app
+    reached: list[str] = []
+    scoring = [r for r in app.routes if getattr(r, "path", None) in ("/v1/score", "/get_reward", "/classify",
+                                                                     "/v1/classify")]
+    originals = [route.app for route in scoring]
+    for route, inner in zip(scoring, originals, strict=True):
+
+        async def counting(scope: Any, receive: Any, send: Any, inner: Any = inner) -> None:
+            reached.append(scope["path"])
+            await inner(scope, receive, send)
+
+        route.app = counting
+    try:
+        _compare_fast_and_fastapi(served, reached)
+    finally:
+        for route, inner in zip(scoring, originals, strict=True):
+            route.app = inner
+
+
+def _compare_fast_and_fastapi(served: Served, reached: list[str]) -> None:
+    from cooper.services.reward.verify_rm import format_input
+
+    items = tiny_items(3, seed=11)
+    texts = [format_input(i.question, i.reference, i.completion) for i in items]
+    one = body(items[:1])
+    long = body(items[:1])
+    long["items"][0]["completion"] = "x" * 2001
+    cases: list[tuple[str, Any, dict[str, str], bool]] = [  # path, JSON body, headers, well-formed
+        ("/v1/score", body(items), auth(), True),
+        ("/v1/score", body(tiny_items(5)), auth(), True),  # 413 from the handler, after parsing
+        ("/v1/score", long, auth(), True),
+        ("/v1/score", {"items": 5}, auth(), False),
+        ("/v1/score", {"items": [], "extra": 1}, auth(), False),
+        ("/v1/score", one, {}, False),
+        ("/v1/score", one, auth("wrong-token-1234"), False),
+        ("/v1/score", one, {"Authorization": f"bearer   {TOKEN}"}, True),  # read as FastAPI's HTTPBearer reads it
+        ("/get_reward", {"query": [texts[0]]}, auth(), True),
+        ("/get_reward", {"query": ["no template"]}, auth(), True),  # 422 from the handler
+        ("/get_reward", {"query": ["Q" + "A"], "prompts": ["Q"], "labels": ["1", "2"]}, auth(), True),
+        ("/classify", {"model": "m", "input": texts, "use_activation": False}, auth(), True),
+        ("/v1/classify", {"input": texts[0]}, auth(), True),
+        ("/classify", {"input": ["hello"]}, auth(), True),
+        ("/classify", {"input": texts[0], "normalize": True}, auth(), True),
+        ("/classify", {"input": []}, auth(), True),
+        ("/classify", {"input": texts * 2}, auth(), True),
+        ("/classify", {"input": 5}, auth(), False),
+        ("/classify", {"input": texts[0], "use_activation": "no"}, auth(), False),
+        ("/classify", {"input": texts}, {}, False),
+    ]
+    for path, payload, headers, well_formed in cases:
+        data = httpx.Request("POST", "/", json=payload).content
+        answers = []
+        for content in (data, iter([data])):  # bytes: Content-Length; an iterator: chunked
+            reached.clear()
+            reply = httpx.post(f"{served.url}{path}", content=content,
+                               headers={"Content-Type": "application/json", **headers})
+            answers.append(reply)
+            assert reached == ([] if well_formed and isinstance(content, bytes) else [path]), (path, payload)
+        fast, slow = answers
+        assert fast.status_code == slow.status_code, (path, payload, fast.text, slow.text)
+        fast_body, slow_body = fast.json(), slow.json()
+        for answer in (fast_body, slow_body):
+            answer.pop("id", None), answer.pop("created", None)
+        assert close(fast_body, slow_body), (path, payload, fast_body, slow_body)
+        for name in ("content-type", "retry-after", "www-authenticate", "x-cooper-stale"):
+            assert fast.headers.get(name) == slow.headers.get(name), (path, name)
+    assert httpx.post(f"{served.url}/v1/score", content=b"{", headers=auth()).status_code == 422  # not JSON
