@@ -370,3 +370,22 @@ def _compare_fast_and_fastapi(served: Served, reached: list[str]) -> None:
         for name in ("content-type", "retry-after", "www-authenticate", "x-cooper-stale"):
             assert fast.headers.get(name) == slow.headers.get(name), (path, name)
     assert httpx.post(f"{served.url}/v1/score", content=b"{", headers=auth()).status_code == 422  # not JSON
+
+
+def test_an_unexpected_error_is_a_500_both_ways_and_the_service_serves_on(served: Served) -> None:
+    one = body(tiny_items(1))
+    data = httpx.Request("POST", "/", json=one).content
+
+    async def broken(items: Any) -> Any:
+        raise RuntimeError("the model went away")
+
+    served.service.score = broken  # type: ignore[method-assign]
+    try:
+        for content in (data, iter([data])):  # the fast path, then FastAPI's route
+            reply = httpx.post(f"{served.url}/v1/score", content=content,
+                               headers={"Content-Type": "application/json", **auth()})
+            error = assert_error(reply, 500, "internal")["error"]
+            assert "RuntimeError: the model went away" in error["message"]
+    finally:
+        del served.service.score
+    assert httpx.post(f"{served.url}/v1/score", json=one, headers=auth()).status_code == 200

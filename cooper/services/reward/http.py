@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from cooper.config import RewardConfig
 from cooper.services.reward import protocol
 from cooper.services.reward.handler import ApiError, RewardHttpHandler
 from cooper.services.reward.service import RewardService
+
+log = logging.getLogger("cooper.reward")
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": protocol.ErrorResponse, "description": text}
@@ -186,7 +189,8 @@ class ScoringFastPath:
         except ApiError as err:
             await _refusal_response(scope["path"], err)(scope, receive, send)
             return
-        except Exception as err:  # the app's handler of the unexpected, as FastAPI would call it
+        except Exception as err:  # the app's handler of the unexpected, as FastAPI would call it; logged as uvicorn does
+            log.exception("reward HTTP: unexpected error answering POST %s", scope["path"])
             await _error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))(scope, receive, send)
             return
         payload = answer.model_dump_json().encode()
