@@ -53,7 +53,7 @@ and of its own process (the client): per server "cpu_ms_per_item" (all its proce
 the bottleneck; for the service the first is normally the model process and the second the HTTP front.
 "physical_cores" < "cpu_count" means the vCPUs are SMT siblings: there the front's and the client's CPU slow the
 model's forward passes, and "ceiling_fraction" falls (0.64-0.75 measured on such a host with the old fixed peer
-settings; 0.23 and 0.59 in two runs on two real cores at load 7-9, 2026-11-25; README, section Benchmarks).
+settings; 0.23 and 0.59 in two runs on two real cores at load 7-9, 2026-11-25; docs/benchmarks.md).
 
 Printed: a table, then last one JSON line: per server its best setting, items/s and p50/p99 request latency (ms),
 medians over rounds, and its sweep;
