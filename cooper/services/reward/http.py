@@ -123,8 +123,7 @@ class BodyLimit:
                 if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
                     err = ApiError(413, "too_large", f"request body of {int(value)} bytes; at most {self.max_bytes} "
                                    "(reward.http.max_body_mb)")
-                    render = _classify_error_response if scope["path"] in CLASSIFY_PATHS else _error_response
-                    await render(err)(scope, receive, send)
+                    await _refusal_response(scope["path"], err)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 
@@ -132,6 +131,11 @@ class BodyLimit:
 def _refusal_response(path: str, err: ApiError) -> JSONResponse:
     """`err` in the error body of the route at `path`: vLLM's on /classify, ours everywhere else."""
     return _classify_error_response(err) if path in CLASSIFY_PATHS else _error_response(err)
+
+
+def _internal_error_response(err: Exception) -> JSONResponse:
+    """The answer to an error nothing expected: a 500 in the service's error body, on every route."""
+    return _error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))
 
 
 class ScoringFastPath:
@@ -191,7 +195,7 @@ class ScoringFastPath:
             return
         except Exception as err:  # the app's handler of the unexpected, as FastAPI would call it; logged as uvicorn does
             log.exception("reward HTTP: unexpected error answering POST %s", scope["path"])
-            await _error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))(scope, receive, send)
+            await _internal_error_response(err)(scope, receive, send)
             return
         payload = answer.model_dump_json().encode()
         await send({"type": "http.response.start", "status": 200, "headers": [
@@ -281,7 +285,7 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, err: Exception) -> JSONResponse:
-        return _error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))
+        return _internal_error_response(err)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
