@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,10 @@ class StageContext:
     def result(self, stage: str, step: int) -> Any:
         """The recorded result of job stage:step (a `stage_results` type, by `stage`)."""
         return self.store.result(graph.Job(step, stage).id)
+
+    @property
+    def stopping(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         self._closed = True
@@ -196,6 +201,23 @@ def score(ctx: StageContext, step: int) -> ScoreResult:
     return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
 
 
+ALARM_REACTION_STEPS = 2
+"""In act mode, how many steps the stages that take the alarm's actions may run ahead of the driver's log."""
+
+
+def await_the_alarm(ctx: StageContext, step: int) -> None:
+    """In act mode, wait until the driver has logged step `step - ALARM_REACTION_STEPS`: the alarm raises when the
+    driver logs a step, and the stages run ahead of it, on a busy machine by any number of steps; with this wait an
+    action raised at step s is in force from step s + 2 at the latest. Every job of that step is done before the
+    job calling this can start (graph.py), so the wait is only for the driver, which polls every 20 ms."""
+    if ctx.config.alarm.mode != "act" or ctx.config.run.mode == "rule":
+        return
+    while int(ctx.store.state().get("logged_through", -1)) < step - ALARM_REACTION_STEPS:
+        if ctx.stopping:  # the run is stopping: the job stays pending for the resumed run
+            raise RuntimeError(f"the run is stopping before step {step - ALARM_REACTION_STEPS} was logged")
+        time.sleep(0.02)
+
+
 def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> PolicyUpdateResult | None:
     """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
     the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
@@ -218,6 +240,7 @@ def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> Pol
 def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
+    await_the_alarm(ctx, step)
     info = policy.info()
     if ctx.config.alarm.mode == "act" and (rolled_back := rollback_policy(ctx, info, sampled, job)):
         return rolled_back
@@ -279,6 +302,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     pairs = [PreferencePair(**p) for p in ng["pairs"]]
     reward, job, used = ctx.client("reward"), f"reward_update:{step}", sc["reward_version"]
     optimizer_steps = flagged = 0
+    await_the_alarm(ctx, step)
     acting = "rm_negatives" in active_actions(ctx.config, ctx.store)
     if acting:
         # While the alarm acts: VerifyRM learns faster, and from the very rollouts it overpays (those not already

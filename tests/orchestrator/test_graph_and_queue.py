@@ -236,3 +236,25 @@ def test_enqueue_is_all_or_nothing(redis_client, run_id):
     # ...so that once the cause is gone the job is enqueued, not skipped as enqueued before.
     redis_client.delete(broken.stream)
     assert RunStore(redis_client, "cooper-test", run_id + "-broken").enqueue("rollout:0")
+
+
+def test_in_act_mode_the_stages_taking_the_alarms_actions_wait_two_steps_behind_the_drivers_log(redis_client, run_id):
+    # The alarm raises when the driver logs a step; a stage that reads its actions at step t waits until step t - 2 is
+    # logged, so however slow the driver, an action raised at step s is in force from step s + 2 on.
+    store = RunStore(redis_client, "cooper-test", run_id)
+    store.set_state(logged_through=1)
+    config = CooperConfig.model_validate({"run": {"mode": "static", "steps": 9}, "alarm": {"mode": "act"}})
+    ctx = StageContext(config, "r", store, StepData(tiny_splits(0, train_size=50)[0], 2, 0), {}, addresses={})
+    started = time.monotonic()
+    stages.await_the_alarm(ctx, 3)  # step 1 is logged: no wait
+    assert time.monotonic() - started < 0.1
+    threading.Timer(0.3, lambda: store.set_state(logged_through=2)).start()
+    stages.await_the_alarm(ctx, 4)
+    assert time.monotonic() - started >= 0.3 and store.state()["logged_through"] == 2
+    # A run that is stopping does not wait for a log that will never come: the job stays pending for the resume.
+    ctx.close()
+    with pytest.raises(RuntimeError, match="stopping before step 6 was logged"):
+        stages.await_the_alarm(ctx, 8)
+    # Warn mode (and a rule run) never waits: no action is taken from the alarm there.
+    warn = CooperConfig.model_validate({"run": {"mode": "static", "steps": 9}, "alarm": {"mode": "warn"}})
+    stages.await_the_alarm(StageContext(warn, "r", store, ctx.data, {}, addresses={}), 8)
