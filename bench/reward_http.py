@@ -18,7 +18,7 @@ service's (below).
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
 wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers (where there are 2 physical cores),
-LitServe with fast_queue off and on, the service with 2 and 3 batches in flight (reward.batching.max_inflight) and
+LitServe with fast_queue off and on, the service with 2 and 3 batches in flight per model process (reward.batching.max_inflight) and
 1 and 2 model processes (reward.model_copies, where there are 2 physical cores, as mosec's workers). vLLM has no batching timer (its scheduler takes whatever has arrived at each
 step) and runs at its defaults but for prefix caching (off: see server_command). Then each server's best setting
 runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its one reading.
@@ -517,7 +517,8 @@ def main() -> None:
                         help="the service's model processes (reward.model_copies) the sweep tries, beyond 1 only "
                              "where there are that many physical cores")
     parser.add_argument("--sweep-inflight", default="2,3",
-                        help="the service's batches in flight (reward.batching.max_inflight) the sweep tries")
+                        help="the service's batches in flight per model process (reward.batching.max_inflight) the sweep "
+                             "tries")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")

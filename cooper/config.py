@@ -139,9 +139,9 @@ class BatchingConfig(StrictModel):
     max_wait_ms: float = Field(default=5.0, ge=0)
     """How long the first waiting request may wait for others to fill a batch."""
     max_inflight: int = Field(default=2, ge=1)
-    """Batches handed to the model and not yet answered: 2 keeps the next batch waiting at the model while one runs,
-    so the model never idles through a round trip to the batching loop; more hide a slower hand-off (a busy
-    serving process) at the cost of cutting batches earlier."""
+    """Batches handed to each model copy (reward.model_copies) and not yet answered: 2 keeps the next batch waiting
+    at the model while one runs, so the model never idles through a round trip to the batching loop; more hide a
+    slower hand-off (a busy serving process) at the cost of cutting batches earlier."""
     max_queue: int = Field(default=4096, ge=1)
     """Most items waiting; beyond it requests are refused (HTTP 503 with Retry-After, gRPC RESOURCE_EXHAUSTED)."""
     queue_timeout_s: float = Field(default=30.0, gt=0)

@@ -100,11 +100,12 @@ def test_model_copies_share_the_scoring_and_stay_one_model_through_updates(tmp_p
                                                          batching=BatchingConfig(max_wait_ms=2, max_batch_size=4)))
         runner = service.runner
         assert isinstance(runner, CopiesRunner) and len({c.process.pid for c in runner.copies}) == 2
-        batches = [0, 0]
-        for index, copy in enumerate(runner.copies):  # count the batches each copy is handed
-            copy.score_tokens = _counted(copy.score_tokens, batches, index)  # type: ignore[method-assign]
+        batches, waiting, most_waiting = [0, 0], [0, 0], [0, 0]
+        for index, copy in enumerate(runner.copies):  # count the batches each copy is handed, and how many at once
+            copy.score_tokens = _counted(copy.score_tokens, batches, index, waiting, most_waiting)  # type: ignore[method-assign]
         scored = await asyncio.gather(*(service.score(items[k : k + 1]) for k in range(8) for _ in range(8)))
-        assert all(batches) and sum(batches) >= 2  # the batcher keeps two batches in flight: both copies work
+        # max_inflight (2) batches per copy: both copies work, each with its next batch waiting while one runs.
+        assert all(batches) and most_waiting == [2, 2]
         expected = single.score_tokens(single.rm.encode(items)).logits
         assert max(abs(s.logits[0] - expected[k // 8]) for k, s in enumerate(scored)) <= 1e-5
 
@@ -133,10 +134,14 @@ def test_model_copies_share_the_scoring_and_stay_one_model_through_updates(tmp_p
     asyncio.run(main())
 
 
-def _counted(score_tokens, counts: list[int], index: int):  # type: ignore[no-untyped-def]
+def _counted(score_tokens, counts: list[int], index: int, waiting: list[int], most: list[int]):  # type: ignore[no-untyped-def]
     def counting(tokens):  # type: ignore[no-untyped-def]
         counts[index] += 1
-        return score_tokens(tokens)
+        waiting[index] += 1
+        most[index] = max(most[index], waiting[index])
+        future = score_tokens(tokens)
+        future.add_done_callback(lambda _: waiting.__setitem__(index, waiting[index] - 1))
+        return future
 
     return counting
 

@@ -248,8 +248,8 @@ def test_concurrent_requests_share_batches_cut_by_count_and_tokens(tmp_path: Pat
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("inflight", [1, 2, 3])
-def test_the_batcher_hands_the_model_at_most_max_inflight_batches(inflight: int) -> None:
+@pytest.mark.parametrize(("inflight", "copies"), [(1, 1), (2, 1), (3, 1), (2, 2)])
+def test_the_batcher_hands_the_model_at_most_max_inflight_batches_per_copy(inflight: int, copies: int) -> None:
     from cooper.services.reward.batcher import Batcher
 
     async def main() -> None:
@@ -260,16 +260,18 @@ def test_the_batcher_hands_the_model_at_most_max_inflight_batches(inflight: int)
             handed[-1].items = items  # type: ignore[attr-defined]
             return handed[-1]
 
-        batcher = Batcher(run_batch, BatchingConfig(max_batch_size=1, max_wait_ms=0, max_inflight=inflight))
+        batcher = Batcher(run_batch, BatchingConfig(max_batch_size=1, max_wait_ms=0, max_inflight=inflight),
+                          model_copies=copies)
         batcher.start()
-        requests = [asyncio.ensure_future(batcher.submit([n])) for n in range(5)]
+        slots = inflight * copies
+        requests = [asyncio.ensure_future(batcher.submit([n])) for n in range(6)]
         await asyncio.sleep(0.05)
-        assert len(handed) == inflight  # the rest wait in the queue, to be cut into batches as late as possible
-        for answered in range(5):
+        assert len(handed) == slots  # the rest wait in the queue, to be cut into batches as late as possible
+        for answered in range(6):
             handed[answered].set_result(([float(handed[answered].items[0])], 0))  # type: ignore[attr-defined]
             await asyncio.sleep(0.01)
-            assert len(handed) == min(5, inflight + answered + 1)  # each answer frees one slot
-        assert [await r for r in requests] == [([float(n)], 0) for n in range(5)]
+            assert len(handed) == min(6, slots + answered + 1)  # each answer frees one slot
+        assert [await r for r in requests] == [([float(n)], 0) for n in range(6)]
         await batcher.stop()
 
     asyncio.run(main())

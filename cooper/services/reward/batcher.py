@@ -7,9 +7,9 @@ jobs. The runner runs what it is given one job at a time in submission order, so
 weights, and because a request's items are queued together and the queue is FIFO, all items of one request come
 from the same model version.
 
-Pipelining: up to `batching.max_inflight` jobs are submitted at once (default 2: one running, the next waiting at
-the model), so the model starts the next batch the moment it finishes one instead of idling through a round trip to
-this loop. A batch is still cut as late as possible: when a slot frees, from everything that has arrived.
+Pipelining: up to `batching.max_inflight` jobs per model copy are submitted at once (default 2: one running, the
+next waiting at the model), so each copy starts its next batch the moment it finishes one instead of idling through a
+round trip to this loop. A batch is still cut as late as possible: when a slot frees, from everything that has arrived.
 
 Admission control: at most `max_queue` items wait (beyond: QueueFull, with a retry hint); an item that waited
 longer than `queue_timeout_s` fails with QueueTimeout instead of being scored late; a request whose caller went
@@ -91,10 +91,13 @@ class _Exclusive:
 class Batcher:
     """Start with `start()` inside the event loop; `submit` scores, `run_exclusive` runs a model job alone."""
 
-    def __init__(self, run_batch: RunBatch, config: BatchingConfig):
+    def __init__(self, run_batch: RunBatch, config: BatchingConfig, model_copies: int = 1):
+        """`model_copies`: the model processes run_batch spreads batches over; each gets max_inflight of them."""
         self.run_batch = run_batch
         self.config = config
-        self._slots = asyncio.Semaphore(config.max_inflight)  # jobs submitted to the model and not yet answered
+        # Jobs submitted to the model and not yet answered. Per copy: with one slot per copy (2 copies, 2 slots) each
+        # copy idled through every round trip to this loop, a third of its time at 1,300 items/s on 2 cores.
+        self._slots = asyncio.Semaphore(config.max_inflight * model_copies)
         self._inflight: set[asyncio.Task[None]] = set()
         self._queue: deque[_Request | _Exclusive] = deque()
         self._queued_items = 0

@@ -57,7 +57,7 @@ class RewardService:
         self.config = config
         self.encoder = encoder
         self._info = info
-        self.batcher = Batcher(self._submit_batch, config.batching)
+        self.batcher = Batcher(self._submit_batch, config.batching, model_copies=config.model_copies)
         self.stopping = False
         MODEL_VERSION.set(info.version)
         self.follower: ReplicaFollower | None = None
