@@ -29,7 +29,9 @@ driven for --seconds and stopped (an idle server polls and would slow the next o
 a tenth of a core each when idle). Rounds rotate the order, and medians over rounds are reported. Between servers, with
 none running, the bench measures the bare model itself: its items/s on batches of 8, 16, 24 and 32 (tokenized
 beforehand, same thread count, --ceiling-seconds each), the rate a server would reach if HTTP, tokenizing and the
-client cost nothing and the model never waited. "ceiling" is the best of them over all rounds (32 clients cannot
+client cost nothing and the model never waited. It runs in as many processes at once as the service's best setting
+has model copies, their rates summed ("ceiling_processes"; one process's rate is no bound for two;
+"ceiling_one_process_items_per_s" keeps it). "ceiling" is the best of them over all rounds (32 clients cannot
 fill a larger batch; noise from the machine's neighbours only ever lowers a rate, so the best reading is the one
 nearest the model's own). It is measured in a quiet process, so it is an upper bound: on a machine whose vCPUs are
 SMT siblings, busy work on one (the serving, the client) slows forward passes on the other by 1.3-1.8x.
@@ -330,6 +332,50 @@ class BareModel:
         return rows / elapsed
 
 
+def _bare_model_process(connection, model_dir: str, items: list[dict[str, str]], threads: int, device: str) -> None:
+    """One more bare model process (BareModels): loads the model, then runs each (batch size, seconds) it is sent."""
+    bare = BareModel(model_dir, items, threads, device)
+    connection.send("loaded")
+    while (command := connection.recv()) is not None:
+        connection.send(bare.items_per_s(*command))
+
+
+class BareModels:
+    """The bare model in `processes` processes at once, this one and processes - 1 spawned ones, as the service's
+    model copies run it: their summed items/s is the ceiling of a setting with that many copies (one process's rate
+    is no upper bound for two)."""
+
+    def __init__(self, bare: BareModel, processes: int, model_dir: str, items: list[dict[str, str]], threads: int,
+                 device: str):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.bare, self.others = bare, []
+        for _ in range(processes - 1):
+            parent, child = context.Pipe()
+            process = context.Process(target=_bare_model_process, args=(child, model_dir, items, threads, device),
+                                      daemon=True)
+            process.start()
+            self.others.append((process, parent))
+        for _, parent in self.others:
+            parent.recv()  # loaded: from now on they only run when asked, together with this one
+
+    @property
+    def processes(self) -> int:
+        return 1 + len(self.others)
+
+    def items_per_s(self, batch_size: int, seconds: float) -> float:
+        for _, parent in self.others:
+            parent.send((batch_size, seconds))
+        rate = self.bare.items_per_s(batch_size, seconds)
+        return rate + sum(parent.recv() for _, parent in self.others)
+
+    def close(self) -> None:
+        for process, parent in self.others:
+            parent.send(None)
+            process.join(10)
+
+
 # ----- starting and stopping servers -----
 
 
@@ -566,6 +612,7 @@ def main() -> None:
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
+    one_process: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}  # with copies > 1: one's rate
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
         # The sweep: every setting of every server once, in one shuffled order (the machine's load drifts; shuffled,
         # no server gets all the quiet minutes); the best of each then runs the rounds, which give the figures.
@@ -581,9 +628,13 @@ def main() -> None:
                 else grids[name][0] for name in running}
         if "baseline" in best:
             best["baseline"] = best["service"]
+        # The ceiling runs as many model processes as the service's best setting.
+        bare_models = BareModels(bare, best["service"].get("copies", 1), model_dir, items, args.threads, args.device)
         for round_index in range(args.rounds):
-            for batch_size in ceilings:  # no server runs now: a quiet process
-                ceilings[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds))
+            for batch_size in ceilings:  # no server runs now: quiet processes
+                ceilings[batch_size].append(bare_models.items_per_s(batch_size, args.ceiling_seconds))
+                if bare_models.processes > 1:
+                    one_process[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds))
             shift = round_index % len(running)
             for name in running[shift:] + running[:shift]:
                 result = run_server(name, best[name], args.seconds, args, pythons, env, tmp, bodies[name],
@@ -592,6 +643,7 @@ def main() -> None:
                 print(f"reward_http: round {round_index + 1} {name} ({setting_label(best[name])}): "
                       f"{result['items_per_s']:.0f} items/s, p50 {result['p50_ms']:.1f} ms, "
                       f"p99 {result['p99_ms']:.1f} ms", file=sys.stderr)
+        bare_models.close()  # the spawned ones are daemons: an error above ends them with the bench
 
     def median_of(name: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[name])
@@ -638,6 +690,9 @@ def main() -> None:
         "best_settings": {name: setting_label(best[name]) for name in running},
         "ceiling_items_per_s": round(best_ceiling, 1),
         "ceiling_items_per_s_by_batch": {size: round(rate, 1) for size, rate in ceiling.items()},
+        "ceiling_processes": bare_models.processes,
+        "ceiling_one_process_items_per_s": round(max(max(rates) for rates in one_process.values()), 1)
+        if bare_models.processes > 1 else round(best_ceiling, 1),
         **ratios,
         "best_peer": best_peer,
         "ratio_vs_best_peer": round(service_rate / servers[best_peer]["items_per_s"], 2) if best_peer else None,

@@ -92,3 +92,26 @@ def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str
     last = done.stdout.strip().splitlines()[-1]
     result = json.loads(last)
     assert keys <= result.keys(), f"{script}'s last line lacks {sorted(keys - result.keys())}: {last[:1000]}"
+
+
+def test_the_reward_http_ceiling_runs_the_bare_model_in_as_many_processes_as_the_service_has_copies(monkeypatch):
+    # With two model copies the ceiling is two bare model processes at once, their rates summed: a second process
+    # (spawned, loading the same model) runs each measurement beside this one and answers its own rate.
+    from cooper.runtime.models import resolve_model
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the spawned process imports the script's module as this does
+    import reward_http
+
+    model_dir = str(resolve_model("tiny-hd32", "reward"))
+    items = [{"question": "1+1?", "reference": "2", "completion": f"It is {n}."} for n in range(16)]
+    bare = reward_http.BareModel(model_dir, items, threads=1, device="cpu")
+    models = reward_http.BareModels(bare, 2, model_dir, items, threads=1, device="cpu")
+    try:
+        assert models.processes == 2 and models.others[0][0].pid != os.getpid()
+        asked = []
+        monkeypatch.setattr(bare, "items_per_s", lambda size, seconds: asked.append((size, seconds)) or 0.0)
+        both = models.items_per_s(8, 0.3)  # this process's part counted as 0: the rest is the other's
+        assert asked == [(8, 0.3)] and both > 0
+    finally:
+        models.close()
+    assert not models.others[0][0].is_alive()
