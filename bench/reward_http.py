@@ -612,7 +612,7 @@ def main() -> None:
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
-    one_process: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}  # with copies > 1: one's rate
+    one_process: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}  # one model process's rate
     with tempfile.TemporaryDirectory(prefix="cooper-bench-") as tmp:
         # The sweep: every setting of every server once, in one shuffled order (the machine's load drifts; shuffled,
         # no server gets all the quiet minutes); the best of each then runs the rounds, which give the figures.
@@ -633,8 +633,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             for batch_size in ceilings:  # no server runs now: quiet processes
                 ceilings[batch_size].append(bare_models.items_per_s(batch_size, args.ceiling_seconds))
-                if bare_models.processes > 1:
-                    one_process[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds))
+                one_process[batch_size].append(bare.items_per_s(batch_size, args.ceiling_seconds)
+                                               if bare_models.processes > 1 else ceilings[batch_size][-1])
             shift = round_index % len(running)
             for name in running[shift:] + running[:shift]:
                 result = run_server(name, best[name], args.seconds, args, pythons, env, tmp, bodies[name],
@@ -691,8 +691,7 @@ def main() -> None:
         "ceiling_items_per_s": round(best_ceiling, 1),
         "ceiling_items_per_s_by_batch": {size: round(rate, 1) for size, rate in ceiling.items()},
         "ceiling_processes": bare_models.processes,
-        "ceiling_one_process_items_per_s": round(max(max(rates) for rates in one_process.values()), 1)
-        if bare_models.processes > 1 else round(best_ceiling, 1),
+        "ceiling_one_process_items_per_s": round(max(max(rates) for rates in one_process.values()), 1),
         **ratios,
         "best_peer": best_peer,
         "ratio_vs_best_peer": round(service_rate / servers[best_peer]["items_per_s"], 2) if best_peer else None,

@@ -38,9 +38,14 @@ def applies(action: str, mode: str) -> bool:
     return action != "rm_negatives" or mode == "cooper"
 
 
+def acts(config: CooperConfig) -> bool:
+    """Whether the alarm can take actions in this run: act mode, in a mode it watches (rule mode has no reward model)."""
+    return config.alarm.mode == "act" and config.run.mode != "rule"
+
+
 def active_actions(config: CooperConfig, store: RunStore) -> list[str]:
     """The alarm's actions in force now: none unless the alarm acts (then a Redis read of the run state)."""
-    if config.alarm.mode != "act" or config.run.mode == "rule":
+    if not acts(config):
         return []
     return list(store.state().get(ACTIVE_KEY, []))
 

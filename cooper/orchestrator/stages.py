@@ -21,7 +21,7 @@ from typing import Any
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
-from cooper.orchestrator.alarm_watch import ROLLBACK_DONE_KEY, ROLLBACK_KEY, active_actions
+from cooper.orchestrator.alarm_watch import ROLLBACK_DONE_KEY, ROLLBACK_KEY, active_actions, acts
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stage_results import (
@@ -210,7 +210,7 @@ def await_the_alarm(ctx: StageContext, step: int) -> None:
     driver logs a step, and the stages run ahead of it, on a busy machine by any number of steps; with this wait an
     action raised at step s is in force from step s + 2 at the latest. Every job of that step is done before the
     job calling this can start (graph.py), so the wait is only for the driver, which polls every 20 ms."""
-    if ctx.config.alarm.mode != "act" or ctx.config.run.mode == "rule":
+    if not acts(ctx.config):
         return
     while int(ctx.store.state().get("logged_through", -1)) < step - ALARM_REACTION_STEPS:
         if ctx.stopping:  # the run is stopping: the job stays pending for the resumed run
@@ -242,7 +242,7 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
     await_the_alarm(ctx, step)
     info = policy.info()
-    if ctx.config.alarm.mode == "act" and (rolled_back := rollback_policy(ctx, info, sampled, job)):
+    if acts(ctx.config) and (rolled_back := rollback_policy(ctx, info, sampled, job)):
         return rolled_back
     expect_before_update("policy", info, sampled, f"{ctx.run_id}/{step}", job)
     rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
