@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +57,26 @@ def test_an_error_in_the_child_reaches_its_caller_and_the_child_keeps_serving(tm
             await service.runner.submit("apply_update", None, ["not a pair"])
         with pytest.raises(AttributeError):
             await service.runner.submit("no_such_method")
+        with pytest.raises(TypeError, match="cannot send apply_update to the model process"):
+            await service.runner.submit("apply_update", None, [threading.Lock()])  # fails that call only
+        # A call far larger than the socket's buffers, sent while a score is in flight: it waits in the transport's
+        # buffer, the loop keeps running (the ticker), and the calls are answered in order.
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        scored = service.runner.score_tokens(service.encoder.encode(tiny_items(2)))
+        large = service.runner.submit("apply_update", None, ["x" * 20_000_000])
+        with pytest.raises(AttributeError, match="question"):
+            await large
+        assert scored.done() and len(scored.result().logits) == 2  # sent first, answered first
+        ticking.cancel()
+        assert ticks > 10
         assert len((await service.score(tiny_items(3))).logits) == 3
         await service.stop()
 
