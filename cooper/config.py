@@ -128,6 +128,10 @@ class HttpConfig(StrictModel):
     max_body_mb: float = Field(default=64.0, gt=0)
     """Largest request body in MiB, checked on Content-Length before the body is read (413 beyond)."""
 
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
 
 class BatchingConfig(StrictModel):
     """Dynamic batching of scoring requests from gRPC and HTTP."""

@@ -303,7 +303,7 @@ def test_the_scoring_fast_path_answers_as_fastapi_does(served: Served) -> None:
     """Each request twice: with a Content-Length (the fast path takes the well-formed ones) and chunked (no length:
     FastAPI's route always). Same status, same body but for the request id and time, same headers a client reads.
     The routes' endpoints count their calls: the fast path must have answered the well-formed ones itself."""
-    app = served.http.server.config.app
+    app = served.http.app
     reached: list[str] = []
     scoring = [r for r in app.routes if getattr(r, "path", None) in ("/v1/score", "/get_reward", "/classify",
                                                                      "/v1/classify")]

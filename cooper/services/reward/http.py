@@ -139,21 +139,25 @@ def _internal_error_response(err: Exception) -> JSONResponse:
 
 
 class ScoringFastPath:
-    """Pure ASGI middleware: the scoring routes' well-formed requests answered without FastAPI's routing, dependency
-    solving and response re-validation. The body is parsed by pydantic-core from its raw bytes and the answer is
-    the response model's own JSON: the same request model, handler method and response model as the FastAPI route,
-    so the same answer (tests/reward/test_http.py sends every request both ways and compares).
+    """What uvicorn runs in front of the FastAPI app: the scoring routes' well-formed requests answered without
+    FastAPI's middleware stack, routing, dependency solving and response re-validation. The body is parsed by
+    pydantic-core from its raw bytes and the answer is the response model's own JSON: the same request model,
+    handler method and response model as the FastAPI route, so the same answer (tests/reward/test_http.py sends
+    every request both ways and compares).
 
-    Everything else goes on to FastAPI untouched, its body replayed: another route or method, a body that does not
-    validate, a content type other than JSON, a chunked body, a missing or wrong token. So every refusal of a
-    request's shape or credentials still comes from FastAPI's one table; the refusals of the handler itself (limits,
-    a full queue) are rendered by the functions the routes use.
+    Everything else goes on to the FastAPI app untouched, its body replayed: another route or method, a body that
+    does not validate, a content type other than JSON, a chunked body, a body over reward.http.max_body_mb, a missing
+    or wrong token. So every refusal of a request's shape, size or credentials still comes from the app's one table;
+    the refusals of the handler itself (limits, a full queue) are rendered by the functions the routes use.
 
     Why: with 32 clients of one item each on 2 cores, FastAPI's path through routing, `Depends`, body validation and
     `response_model` cost 265 us of CPU per request, as much as tokenizing the item, in the process that also feeds
-    the model (bench/reward_http.py); this path costs about a fifth of that."""
+    the model (bench/reward_http.py); this path costs about a fifth of that. Why outside the app rather than one of
+    its middlewares: FastAPI's own stack (error and telemetry middlewares, which read the environment on every
+    request, and their wrappers of `send`) took another 8% of the serving process's Python time. What is left out
+    for these requests is FastAPI's exception telemetry: an unexpected error is logged and answered 500 here."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]):
+    def __init__(self, app: FastAPI):
         self.app = app
         self.routes: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[BaseModel]]]] = {
             "/v1/score": (protocol.ScoreRequest, RewardHttpHandler.score),
@@ -172,14 +176,16 @@ class ScoringFastPath:
                     content_type = value
                 elif name == b"authorization":
                     authorization = value
-        if route is None or length is None or (content_type is not None and content_type.split(b";")[0].strip().lower()
-                                                != b"application/json"):
+        api: RewardHttpHandler | None = getattr(self.app.state, "handler", None)  # None until the lifespan starts
+        if route is None or length is None or api is None or not length.isdigit() \
+                or int(length) > api.config.max_body_bytes or (content_type is not None and
+                                                               content_type.split(b";")[0].strip().lower()
+                                                               != b"application/json"):
             await self.app(scope, receive, send)
             return
         body, complete = await _read_body(receive)
         if not complete:
             return  # the client went away
-        api: RewardHttpHandler = scope["app"].state.handler
         request_model, method = route
         try:
             api.authorize(_bearer(authorization))
@@ -271,8 +277,7 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         description="VerifyRM scores with the model version that produced them. Same batcher as the gRPC API.",
         version="1", lifespan=lifespan,
     )
-    app.add_middleware(ScoringFastPath)
-    app.add_middleware(BodyLimit, max_bytes=int(config.http.max_body_mb * 1024 * 1024))  # outermost: added last
+    app.add_middleware(BodyLimit, max_bytes=config.http.max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError) -> JSONResponse:
@@ -413,6 +418,7 @@ class HttpServer:
     server: _EmbeddedUvicorn
     task: asyncio.Task[None]
     port: int
+    app: FastAPI  # create_app's, behind the ScoringFastPath that uvicorn runs
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish, run the app's lifespan shutdown."""
@@ -421,7 +427,8 @@ class HttpServer:
 
 
 async def start_http(app: FastAPI, host: str, port: int) -> HttpServer:
-    """Start uvicorn on the running event loop; returns once it accepts connections (port 0 picks a free one)."""
+    """Start uvicorn on the running event loop, serving `app` (create_app's) behind the scoring fast path; returns
+    once it accepts connections (port 0 picks a free one)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -430,8 +437,8 @@ async def start_http(app: FastAPI, host: str, port: int) -> HttpServer:
     except OSError as err:
         sock.close()
         raise OSError(f"reward HTTP: cannot bind {host}:{port} ({err.strerror}); set reward.http.port") from None
-    config = uvicorn.Config(app, http=_CoalescingHttpTools, log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=10)
+    config = uvicorn.Config(ScoringFastPath(app), http=_CoalescingHttpTools, log_config=None, access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=10)
     server = _EmbeddedUvicorn(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="reward-http")
     while not server.started:
@@ -439,4 +446,4 @@ async def start_http(app: FastAPI, host: str, port: int) -> HttpServer:
             task.result()  # raises the start-up error
             raise RuntimeError("reward HTTP server exited during start-up")
         await asyncio.sleep(0.01)
-    return HttpServer(server, task, sock.getsockname()[1])
+    return HttpServer(server, task, sock.getsockname()[1], app)
