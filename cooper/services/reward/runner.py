@@ -132,6 +132,7 @@ class ProcessRunner(Runner):
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._closing = False
+        self._exit: asyncio.Task[None] | None = None  # reports an exit nobody asked for
         link.on_message = self._resolve
         link.on_lost = self._lost
 
@@ -146,6 +147,9 @@ class ProcessRunner(Runner):
         )
         try:
             process.start()
+        except BaseException:
+            parent_end.close()
+            raise
         finally:
             child_end.close()  # the child holds its own copy; ours would hide the child's exit from the reader
         loop = asyncio.get_running_loop()
@@ -208,19 +212,24 @@ class ProcessRunner(Runner):
                 future.set_exception(value)
 
     def _lost(self) -> None:
-        """The child's end closed: it exited, or was killed."""
+        """The child's end closed: it exited, was stopped (close) or killed (kill)."""
         self.alive = False
-        asyncio.get_running_loop().create_task(self._fail_pending(), name="verify-rm-exit")
+        if self._closing:
+            self._fail_pending(ModelUnavailable("the reward model process was stopped before answering"))
+        else:
+            self._exit = asyncio.get_running_loop().create_task(self._report_exit(), name="verify-rm-exit")
 
-    async def _fail_pending(self) -> None:
+    async def _report_exit(self) -> None:
         await asyncio.to_thread(self.process.join, 5)
-        if not self._closing:
-            log.error("the reward model process exited (code %s); scoring and updates fail until a restart",
-                      self.process.exitcode)
-            if self.on_exit is not None:
-                self.on_exit()
+        log.error("the reward model process exited (code %s); scoring and updates fail until a restart",
+                  self.process.exitcode)
+        if self.on_exit is not None:
+            self.on_exit()
+        self._fail_pending(ModelUnavailable(f"the reward model process exited (code {self.process.exitcode}) before "
+                                            "answering"))
+
+    def _fail_pending(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
-        error = ModelUnavailable(f"the reward model process exited (code {self.process.exitcode}) before answering")
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
