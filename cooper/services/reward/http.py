@@ -177,10 +177,10 @@ class ScoringFastPath:
                 elif name == b"authorization":
                     authorization = value
         api: RewardHttpHandler | None = getattr(self.app.state, "handler", None)  # None until the lifespan starts
-        if route is None or length is None or api is None or not length.isdigit() \
-                or int(length) > api.config.max_body_bytes or (content_type is not None and
-                                                               content_type.split(b";")[0].strip().lower()
-                                                               != b"application/json"):
+        within_limit = api is not None and length is not None and length.isdigit() \
+            and int(length) <= api.config.max_body_bytes  # over it: the app's BodyLimit refuses
+        json_body = content_type is None or content_type.split(b";")[0].strip().lower() == b"application/json"
+        if route is None or api is None or not within_limit or not json_body:
             await self.app(scope, receive, send)
             return
         body, complete = await _read_body(receive)

@@ -408,7 +408,10 @@ def _serve_calls(link: socket.socket, core: RewardCore) -> None:
         if len(header) < _HEADER.size:
             return  # the parent is gone
         (size,) = _HEADER.unpack(header)
-        message = pickle.loads(incoming.read(size))
+        payload = incoming.read(size)
+        if len(payload) < size:
+            return  # the parent went away in the middle of a call
+        message = pickle.loads(payload)
         if message is None:
             return
         call_id, operation, args = message
