@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "orchestrator"))
 sys.path.insert(0, str(ROOT))
 
-from chaos import RECIPES, ChaosRun, check, run_with_kills, schedule, uninterrupted  # noqa: E402
+from chaos import RECIPES, STUCK_S, ChaosRun, check, run_with_kills, schedule, uninterrupted  # noqa: E402
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -74,16 +74,18 @@ def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dic
     tmp = base / f"{recipe}-seed-{seed}"
     tmp.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(f"{recipe} seed {seed}: uninterrupted run of {args.steps} steps", flush=True)
-    reference, calm_s = uninterrupted(tmp, seed, args.steps, recipe, args.eval_every)
     kills = schedule(seed, args.steps, args.kills, recipe=recipe, eval_every=args.eval_every)
-    print(f"{recipe} seed {seed}: {calm_s:.0f} s; now with kills " + ", ".join(k.describe() for k in kills),
-          flush=True)
+    calm_s = 0.0
     try:
+        print(f"{recipe} seed {seed}: uninterrupted run of {args.steps} steps", flush=True)
+        reference, calm_s = uninterrupted(tmp, seed, args.steps, recipe, args.eval_every, args.stuck_after)
+        print(f"{recipe} seed {seed}: {calm_s:.0f} s; now with kills " + ", ".join(k.describe() for k in kills),
+              flush=True)
         chaos = run_with_kills(tmp, seed, args.steps, kills, say=lambda m: print(f"{recipe} {m}", flush=True),
-                               recipe=recipe, eval_every=args.eval_every)
+                               recipe=recipe, eval_every=args.eval_every, stuck_s=args.stuck_after)
         check(chaos, tmp / f"chaos-{seed}", reference)
-    except AssertionError as err:  # the run got stuck or died: an invariant failed
+    except AssertionError as err:  # a run got stuck or died: an invariant failed; the whole report goes to stderr
+        print(f"{recipe} seed {seed}: aborted: {err}", file=sys.stderr, flush=True)
         chaos = ChaosRun(seed, args.steps, kills, recipe, violations=[f"aborted: {str(err)[:3000]}"])
     landed = chaos.landed
     return {
@@ -114,6 +116,9 @@ def main() -> int:
                              "inside an evaluation and, in the paper's recipe, the generator's inside negatives")
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10; 0: never)")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (default: a temp directory)")
+    parser.add_argument("--stuck-after", type=float, default=STUCK_S, metavar="S",
+                        help=f"a run that logs no step for S seconds is stuck: it is stopped and the error shows "
+                             f"where each process was (default {STUCK_S:.0f})")
     args = parser.parse_args()
     try:
         for seed in args.seeds:

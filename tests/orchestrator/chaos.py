@@ -49,6 +49,9 @@ EVAL_TARGETS = ("policy", "verifier", "cli")
 WAITED_S = 0.5
 """A negatives job that a generator kill landed inside waits for the restarted generator (seconds: a new process
 loads its model and binds its port); one that took less had its answer before the kill."""
+STUCK_S = 600.0
+"""A run that logs no step for this long (seconds) is stuck: the harness stops it and reports where each process
+was (train_process.Train.stuck_report) instead of waiting on."""
 REL_TOL = 1e-4
 """Every other number (rewards, losses, KL, pair accuracies) within this relative tolerance (abs 1e-6 near zero).
 Measured on the tiny preset: they are exactly equal too (bench/chaos.py prints the largest difference); the
@@ -151,12 +154,12 @@ def run_args(tmp: Path, name: str, seed: int, steps: int, recipe: str = "rollout
             f"eval.every={eval_every}", "eval.max_problems=64", *RECIPES[recipe]]
 
 
-def uninterrupted(tmp: Path, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0
-                  ) -> tuple[list[dict[str, Any]], float]:
+def uninterrupted(tmp: Path, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0,
+                  stuck_s: float = STUCK_S) -> tuple[list[dict[str, Any]], float]:
     """The records and wall time of the same run without kills."""
     start = time.monotonic()
     train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every))
-    assert train.wait(timeout_s=1800) == 0, train.stderr[-3000:]
+    assert train.wait_while_it_logs(tmp / f"calm-{seed}", stuck_s) == 0, train.stderr[-3000:]
     return read_metrics(tmp / f"calm-{seed}"), time.monotonic() - start
 
 
@@ -179,7 +182,7 @@ def _pid_of(train: Train, target: str) -> psutil.Process:
 
 
 def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print,
-                   recipe: str = "rollouts", eval_every: int = 0) -> ChaosRun:
+                   recipe: str = "rollouts", eval_every: int = 0, stuck_s: float = STUCK_S) -> ChaosRun:
     """Run `steps` steps of seed `seed`, SIGKILLing each target in `kills` once `after_step` steps are logged plus
     `delay_s` (and, with `during`, once a job of that stage runs); resume whenever the CLI ended. Records what
     happened; checks come after (check)."""
@@ -189,12 +192,12 @@ def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Cal
     train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every)), []
     trains.append(train)
     for kill in kills:
-        train.wait_for_steps(run_dir, kill.after_step, timeout_s=600)
+        train.wait_for_steps(run_dir, kill.after_step, timeout_s=stuck_s)
         time.sleep(kill.delay_s)
         if train.proc.poll() is not None:  # the run finished before this kill's moment
             break
         killed_at = time.monotonic()
-        victim = _kill_inside(train, run_dir, kill) if kill.during else _kill(train, kill.target)
+        victim = _kill_inside(train, run_dir, kill, stuck_s) if kill.during else _kill(train, kill.target)
         if victim is None:  # no job of that stage ran before the run ended
             break
         kill.logged = len(read_metrics(run_dir))
@@ -214,12 +217,12 @@ def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Cal
             chaos.resumes += 1
         if kill.logged < steps:
             try:
-                train.wait_for_steps(run_dir, kill.logged + 1, timeout_s=600)
+                train.wait_for_steps(run_dir, kill.logged + 1, timeout_s=stuck_s)
                 kill.seconds_to_next_step = time.monotonic() - killed_at
             except AssertionError as err:
                 chaos.violations.append(f"after the SIGKILL of {kill.target}: {str(err)[:2000]}")
                 break
-    code = train.wait(timeout_s=1800)
+    code = train.wait_while_it_logs(run_dir, stuck_s)
     chaos.wall_s = time.monotonic() - start
     if code != 0:
         chaos.violations.append(f"the run ended with exit code {code}:\n{train.stderr[-3000:]}")

@@ -69,11 +69,17 @@ class Train:
         raise AssertionError(f"no {name} service running under pid {self.proc.pid}")
 
     def wait_for_steps(self, run_dir: Path, steps: int, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while len(read_metrics(run_dir)) < steps:
+        """Wait until `steps` steps are logged; stuck (the error says where: stuck_report) after `timeout_s` s
+        without a new step."""
+        logged, deadline = -1, 0.0
+        while (now := len(read_metrics(run_dir))) < steps:
             self.look()
             assert self.proc.poll() is None, self.stderr[-3000:]
-            assert time.monotonic() < deadline, f"{steps} steps not logged in {timeout_s} s:\n{self.stderr[-3000:]}"
+            if now != logged:
+                logged, deadline = now, time.monotonic() + timeout_s
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"{steps} steps not logged: no new step in {timeout_s} s ({logged} logged); "
+                                     f"where the run was:\n{self.stuck_report()}")
             time.sleep(0.1)
 
     def wait(self, timeout_s: float = 180) -> int:
@@ -82,6 +88,20 @@ class Train:
             self.look()
             if time.monotonic() > deadline:
                 raise AssertionError(f"cooper train still running after {timeout_s} s; where it was:\n"
+                                     f"{self.stuck_report()}")
+            time.sleep(0.2)
+        return self.proc.returncode
+
+    def wait_while_it_logs(self, run_dir: Path, stuck_s: float) -> int:
+        """Wait for the run to end, however long it takes while it keeps logging steps; after `stuck_s` s without a
+        new step it is stuck, and the error says where (stuck_report)."""
+        logged, deadline = -1, 0.0
+        while self.proc.poll() is None:
+            self.look()
+            if (now := len(read_metrics(run_dir))) != logged:
+                logged, deadline = now, time.monotonic() + stuck_s
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"cooper train logged no step in {stuck_s} s ({logged} logged); where it was:\n"
                                      f"{self.stuck_report()}")
             time.sleep(0.2)
         return self.proc.returncode
