@@ -107,20 +107,19 @@ class Train:
         return self.proc.returncode
 
     def stuck_report(self) -> str:
-        """The stack of every thread of `cooper train` and of its services (SIGUSR1: cli.py's faulthandler), the
-        ends of its stderr and of the service logs; then everything is killed, so a hung run leaves nothing."""
+        """The stack of every thread of `cooper train`, of its services and of the reward model's process (SIGUSR1:
+        faulthandler), the ends of its stderr and of the service logs; then everything is killed, so a hung run leaves nothing."""
         processes = [psutil.Process(self.proc.pid), *self.look()]
         for process in processes:
-            command = cmdline(process)
             try:
-                if "cooper.cli" in command or "serve" in command:
+                if _prints_stacks_on_sigusr1(process):
                     process.send_signal(signal.SIGUSR1)
             except psutil.Error:
                 pass
         time.sleep(2)
         logs = sorted(self.tmp.parent.glob("*/logs/*.log"))
         report = "\n".join([f"--- stderr of cooper train:\n{self.stderr[-6000:]}",
-                            *(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in logs)])
+                            *(f"--- {log.name}:\n{log.read_text(errors='replace')[-6000:]}" for log in logs)])
         for process in reversed(processes):
             try:
                 process.kill()
@@ -155,6 +154,16 @@ class Train:
         left = [p.name for p in self.tmp.iterdir() if not p.name.startswith(("torchinductor_", *allowed))]
         left += [str(path) for path in self.service_temp_dirs if path.exists()]
         assert not left, left
+
+
+def _prints_stacks_on_sigusr1(process: psutil.Process) -> bool:
+    """The CLI, the services (cli.py) and the reward model's process (reward/runner.py) register SIGUSR1 with
+    faulthandler; to any other process it would be fatal."""
+    command = cmdline(process)
+    if "cooper.cli" in command or "serve" in command:
+        return True
+    parent = process.parent()
+    return parent is not None and "spawn_main" in " ".join(command) and {"serve", "reward"} <= set(cmdline(parent))
 
 
 def alive(proc: psutil.Process) -> bool:

@@ -21,6 +21,7 @@ travels back and is raised to that caller; the child keeps serving.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import itertools
 import logging
 import multiprocessing
@@ -383,6 +384,8 @@ def _child_main(link: socket.socket, config: RewardConfig, parent_pid: int, log_
     from cooper.runtime.processes import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # As in every cooper process (cli.py): `kill -USR1 PID` prints this process's stacks to the service's log.
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the line above took effect
         return
