@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -71,16 +72,8 @@ class Train:
     def wait_for_steps(self, run_dir: Path, steps: int, timeout_s: float = 120) -> None:
         """Wait until `steps` steps are logged; stuck (the error says where: stuck_report) after `timeout_s` s
         without a new step."""
-        logged, deadline = -1, 0.0
-        while (now := len(read_metrics(run_dir))) < steps:
-            self.look()
-            assert self.proc.poll() is None, self.stderr[-3000:]
-            if now != logged:
-                logged, deadline = now, time.monotonic() + timeout_s
-            elif time.monotonic() > deadline:
-                raise AssertionError(f"{steps} steps not logged: no new step in {timeout_s} s ({logged} logged); "
-                                     f"where the run was:\n{self.stuck_report()}")
-            time.sleep(0.1)
+        self._watch_steps(run_dir, timeout_s, until=lambda logged: logged >= steps)
+        assert len(read_metrics(run_dir)) >= steps, self.stderr[-3000:]  # else it exited first
 
     def wait(self, timeout_s: float = 180) -> int:
         deadline = time.monotonic() + timeout_s
@@ -95,20 +88,29 @@ class Train:
     def wait_while_it_logs(self, run_dir: Path, stuck_s: float) -> int:
         """Wait for the run to end, however long it takes while it keeps logging steps; after `stuck_s` s without a
         new step it is stuck, and the error says where (stuck_report)."""
+        self._watch_steps(run_dir, stuck_s, until=lambda logged: False)
+        return self.proc.returncode
+
+    def _watch_steps(self, run_dir: Path, stuck_s: float, until: Callable[[int], bool]) -> None:
+        """Poll the steps logged until `until(steps logged)` or the process exits; raise with stuck_report after
+        `stuck_s` s without a new step."""
         logged, deadline = -1, 0.0
         while self.proc.poll() is None:
             self.look()
-            if (now := len(read_metrics(run_dir))) != logged:
+            now = len(read_metrics(run_dir))
+            if until(now):
+                return
+            if now != logged:
                 logged, deadline = now, time.monotonic() + stuck_s
             elif time.monotonic() > deadline:
                 raise AssertionError(f"cooper train logged no step in {stuck_s} s ({logged} logged); where it was:\n"
                                      f"{self.stuck_report()}")
-            time.sleep(0.2)
-        return self.proc.returncode
+            time.sleep(0.1)
 
     def stuck_report(self) -> str:
         """The stack of every thread of `cooper train`, of its services and of the reward model's process (SIGUSR1:
-        faulthandler), the ends of its stderr and of the service logs; then everything is killed, so a hung run leaves nothing."""
+        faulthandler), the ends of its stderr and of the service logs; then everything is killed, so a hung run leaves
+        nothing."""
         processes = [psutil.Process(self.proc.pid), *self.look()]
         for process in processes:
             try:

@@ -133,7 +133,7 @@ class ProcessRunner(Runner):
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._closing = False
-        self._exit: asyncio.Task[None] | None = None  # reports an exit nobody asked for
+        self._exit: asyncio.Task[None] | None = None  # reports an exit nobody asked for; held, as the loop holds tasks weakly
         link.on_message = self._resolve
         link.on_lost = self._lost
 
