@@ -10,6 +10,7 @@ import urllib.request
 
 import grpc
 import pytest
+from killed_caller import kill_mid_call
 from math_verify import parse, verify
 from verifier_cases import CASES
 
@@ -190,6 +191,27 @@ def test_sigterm_drains_in_flight_calls_then_exits():
         assert service.process.wait(timeout=15) == 0
         with pytest.raises(ServiceUnavailable):
             c.verify(_items([("\\boxed{1}", "1")]))
+
+
+def test_a_caller_killed_mid_call_leaves_the_service_answering():
+    """With one worker slot, a client that dies while its Verify call is in the worker must not take the slot with
+    it: the next call is answered (before the fix, the slot's thread died on the cancelled call's result, and every
+    later call waited for its deadline while health said SERVING)."""
+    service = start_service("verifier", overrides=["verifier.workers=1", "verifier.timeout_s=2",
+                                                   "verifier.server.metrics_port=null"])
+    try:
+        kill_mid_call(
+            setup=f"from cooper.services.verifier.client import VerifierClient\n"
+                  f"c = VerifierClient({service.address!r}); c.wait_ready(60)",
+            call=f"c.verify_pairs([({TOWER!r}, '5'), ('\\\\boxed{{1}}', '1')])",  # the tower takes the 2 s timeout
+            served_for_s=0.7)
+        with VerifierClient(service.address) as c:
+            results = c.verify(_items([("\\boxed{2}", "2")]), deadline_s=20)
+            assert [Verdict.Name(r.verdict) for r in results] == ["CORRECT"]
+            assert c.healthy()
+        assert service.process.poll() is None
+    finally:
+        service.stop()
 
 
 def test_boxed_only_answers_refuse_a_repeated_question_expression():

@@ -26,6 +26,10 @@ from cooper.runtime.processes import ServiceProcess, ServiceStartError, start_se
 
 log = logging.getLogger("cooper.orchestrator.local")
 
+START_TIMEOUT_S = 600.0
+"""How long a started (or restarted) service may take to serve. Loading a model or importing math-verify takes
+seconds on an idle machine and minutes on a loaded one; a service that dies while starting is noticed at once."""
+
 
 def services_needed(mode: str) -> list[str]:
     """rule never calls the reward service; only cooper writes negatives."""
@@ -106,7 +110,7 @@ class LocalServices:
         if "verifier" in local:
             verifier = start_service("verifier", self.config_path, log_dir=logs, wait=False)
             self.started.append(verifier)
-            wait_until_ready([verifier])
+            wait_until_ready([verifier], timeout_s=START_TIMEOUT_S)
             self.addresses["verifier"] = verifier.address
         rest = []
         for name in local:
@@ -117,7 +121,7 @@ class LocalServices:
         self.started += rest
         if rest:
             log.info("waiting for %s", ", ".join(s.name for s in rest))
-            wait_until_ready(rest, timeout_s=600)
+            wait_until_ready(rest, timeout_s=START_TIMEOUT_S)
         for service in rest:
             self.addresses[service.name] = service.address
 
@@ -144,7 +148,7 @@ class LocalServices:
             service.respawn()
         try:
             # Outside the lock: stop() must not wait for a model to load; it stops the new process instead.
-            wait_until_ready([service], timeout_s=600)
+            wait_until_ready([service], timeout_s=START_TIMEOUT_S)
         except ServiceStartError as err:
             if self._stopping.is_set():
                 return

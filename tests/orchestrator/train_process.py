@@ -19,6 +19,10 @@ import psutil
 from cooper.orchestrator.outputs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVICE_NAMES = ("verifier", "policy", "reward", "generator")
+STARTUP_S = 900.0
+"""The most a service of the run may take to start (or restart) before the run counts as stuck: on 2 cores kept busy
+by other work the slowest start measured was well under this (see README, Tests)."""
 FAST = ["eval.every=0", "run.batch_size=8"]
 
 
@@ -93,14 +97,24 @@ class Train:
 
     def _watch_steps(self, run_dir: Path, stuck_s: float, until: Callable[[int], bool]) -> None:
         """Poll the steps logged until `until(steps logged)` or the process exits; raise with stuck_report after
-        `stuck_s` s without a new step."""
-        logged, deadline = -1, 0.0
+        `stuck_s` s without a new step. The clock is about liveness, not start-up: it stands still while a service
+        of the run is starting (its log is there, its ready file not yet: a first start, or a restart after a kill),
+        which on a loaded machine takes minutes; start-up has its own bound, STARTUP_S."""
+        logged, deadline, starting_since = -1, 0.0, None
         while self.proc.poll() is None:
             self.look()
             now = len(read_metrics(run_dir))
             if until(now):
                 return
-            if now != logged:
+            starting = starting_services(run_dir)
+            if starting:
+                starting_since = starting_since or time.monotonic()
+                if time.monotonic() - starting_since > STARTUP_S:
+                    raise AssertionError(f"{', '.join(starting)} not serving after {STARTUP_S:.0f} s; where it was:"
+                                         f"\n{self.stuck_report()}")
+            else:
+                starting_since = None
+            if now != logged or starting:
                 logged, deadline = now, time.monotonic() + stuck_s
             elif time.monotonic() > deadline:
                 raise AssertionError(f"cooper train logged no step in {stuck_s} s ({logged} logged); where it was:\n"
@@ -156,6 +170,16 @@ class Train:
         left = [p.name for p in self.tmp.iterdir() if not p.name.startswith(("torchinductor_", *allowed))]
         left += [str(path) for path in self.service_temp_dirs if path.exists()]
         assert not left, left
+
+
+def starting_services(run_dir: Path) -> list[str]:
+    """Services of the run that are starting: their log exists (cooper train started them) but their ready file does
+    not (processes.start_service and a restart both remove it first, and the service writes it once it serves)."""
+    logs = run_dir / "logs"
+    if not logs.is_dir():
+        return ["cooper train"]  # it has not started any service yet
+    return [log.stem for log in logs.glob("*.log") if log.stem in SERVICE_NAMES
+            and not (logs / f"{log.stem}.ready.json").exists()]
 
 
 def _prints_stacks_on_sigusr1(process: psutil.Process) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from killed_caller import kill_mid_call
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.services.reward.client import RewardClient
@@ -102,3 +103,29 @@ def test_the_server_exits_non_zero_when_its_model_process_dies(tmp_path: Path) -
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_callers_killed_mid_update_and_mid_score_leave_the_service_whole(tmp_path: Path) -> None:
+    """A client that dies during an Update (the model is training on its pairs) and one that dies while its Score is
+    queued behind it: the service keeps answering, the update that reached the model counts once (its retry by the
+    same key is a replay, not a second update), and the next update follows it."""
+    process, ready = serve(tmp_path, "callers-killed")
+    address = f"127.0.0.1:{ready['grpc_port']}"
+    setup = ("import sys; sys.path.insert(0, 'tests/reward')\n"
+             "from reward_testkit import tiny_items, tiny_pairs\n"
+             "from cooper.services.reward.client import RewardClient\n"
+             f"c = RewardClient({address!r}); c.wait_ready(30)\n")
+    try:
+        # 1,024 pairs take about 5 s here; the caller dies a second in.
+        kill_mid_call(setup + "pairs = tiny_pairs(1024)", "c.update('run', 0, pairs)", served_for_s=1.0)
+        kill_mid_call(setup + "items = tiny_items(3000)", "c.score(items)", served_for_s=0.3)
+        with RewardClient(address) as client:
+            assert len(client.score(tiny_items(4)).scores) == 4
+            retried = client.update("run", 0, tiny_pairs(1024))
+            assert retried.replayed and retried.version == 1
+            after = client.update("run", 1, tiny_pairs(2))
+            assert after.version == 2 and not after.replayed
+            assert client.healthy()
+        assert process.poll() is None
+    finally:
+        assert stop(process) == 0

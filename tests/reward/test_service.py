@@ -201,6 +201,28 @@ def test_batcher_refuses_when_full_and_fails_stale_requests(tmp_path: Path) -> N
     asyncio.run(main())
 
 
+def test_a_batching_loop_that_dies_fails_what_waits_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    """A bug that ends the loop must not leave requests waiting for their deadline behind a healthy-looking service:
+    they fail at once, readiness drops, and on_loop_died (the server's fail(): exit, to be restarted) is called."""
+
+    async def main() -> None:
+        service = await RewardService.create(make_config(tmp_path))
+        died: list[str] = []
+        service.batcher.on_loop_died = died.append
+
+        def bug() -> list:
+            raise RuntimeError("a bug in batch cutting")
+
+        monkeypatch.setattr(service.batcher, "_take_batch", bug)
+        with pytest.raises(QueueTimeout, match="scoring loop stopped"):
+            await asyncio.wait_for(service.score(tiny_items(2)), 10)
+        assert len(died) == 1 and "a bug in batch cutting" in died[0]
+        assert not service.ready
+        await service.stop()
+
+    asyncio.run(main())
+
+
 def test_plan_batches_sorts_by_length_and_respects_both_budgets() -> None:
     lengths = [5, 30, 10, 12, 31, 100, 6]
     plan = plan_batches(lengths, batch_size=3, max_tokens=64)

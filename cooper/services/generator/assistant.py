@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Protocol
@@ -33,6 +34,15 @@ class ChatRequest:
     """0 means greedy."""
     max_tokens: int
     """Most tokens of the reply."""
+
+
+def holding(lock: threading.Lock, generate: Callable[[list[ChatRequest]], list[str]],
+            requests: list[ChatRequest]) -> list[str]:
+    """`generate(requests)` with `lock` held, inside the worker thread. An asyncio.Lock around the await would be
+    released when the caller is cancelled (its client went away) while the thread still runs in the model, and the
+    next call would enter the model beside it."""
+    with lock:
+        return generate(requests)
 
 
 class AssistantError(RuntimeError):
@@ -67,7 +77,7 @@ class TransformersAssistant:
         self.model = model.to(target)
         self.model.eval()
         self.max_len = config.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 4096
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()  # one forward pass at a time: a second would only share the same cores
 
     async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
         replies: dict[int, str] = {}
@@ -77,8 +87,7 @@ class TransformersAssistant:
             indices = list(group)
             for start in range(0, len(indices), self.batch_size):
                 batch = indices[start : start + self.batch_size]
-                async with self._lock:  # one forward pass at a time: a second would only share the same cores
-                    texts = await asyncio.to_thread(self._generate, [requests[i] for i in batch])
+                texts = await asyncio.to_thread(holding, self._lock, self._generate, [requests[i] for i in batch])
                 replies.update(zip(batch, texts, strict=True))
         return [replies[i] for i in range(len(requests))]
 
@@ -142,13 +151,12 @@ class VLLMAssistant:
                 model=resolve_model(config.model, "causal"), max_model_len=config.max_model_len,
                 **engine_arguments(resolve_dtype(config.dtype, device), device, config.gpu_memory_utilization),
             )
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()  # the offline engine is not re-entrant; one call holds all of it
 
     async def chat(self, requests: Sequence[ChatRequest]) -> list[str]:
         if not requests:
             return []
-        async with self._lock:  # the offline engine is not re-entrant; one call holds all of it
-            return await asyncio.to_thread(self._generate, list(requests))
+        return await asyncio.to_thread(holding, self._lock, self._generate, list(requests))
 
     def _generate(self, requests: list[ChatRequest]) -> list[str]:
         from vllm import SamplingParams

@@ -19,6 +19,7 @@ away (cancelled future) is dropped without running the model.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -32,6 +33,7 @@ import prometheus_client
 from cooper.config import BatchingConfig
 
 T = TypeVar("T")
+log = logging.getLogger("cooper.reward.batcher")
 
 QUEUE_SECONDS = prometheus_client.Histogram(
     "cooper_reward_queue_seconds", "Time a scoring request waited before its last batch started",
@@ -104,6 +106,9 @@ class Batcher:
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._items_per_s = 0.0  # moving average, for Retry-After hints
+        self.on_loop_died: Callable[[str], None] | None = None
+        """Called when the loop ends on an error (a bug): every later request would fail, so the service must stop
+        and be restarted rather than report itself healthy."""
 
     @property
     def queued_items(self) -> int:
@@ -115,6 +120,20 @@ class Batcher:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="reward-batcher")
+        self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # stop()
+            return
+        error = task.exception()
+        log.error("the reward batching loop ended on an error; the service cannot score", exc_info=error)
+        while self._queue:  # nobody is left to take these
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.set_exception(QueueTimeout("the scoring loop stopped; the service is restarting"))
+        self._queued_items = 0
+        if self.on_loop_died is not None:
+            self.on_loop_died(f"the reward batching loop ended on {error!r}")
 
     async def stop(self) -> None:
         """Fail what still waits, stop the loop, and wait for the jobs the model has to finish."""

@@ -108,6 +108,7 @@ async def create_service(config: CooperConfig) -> GrpcService:
     # Without its model the service is useless: stop and exit non-zero, so that the supervisor restarts it from the
     # latest checkpoint (the gRPC health probe alone would keep answering SERVING).
     service.runner.on_exit = lambda: grpc_service.fail("the reward model process exited")
+    service.batcher.on_loop_died = grpc_service.fail  # the same: a service that cannot score must be restarted
     if isinstance(service.runner, ProcessRunner):
         grpc_service.ready_info["model_pid"] = service.runner.process.pid
     return grpc_service

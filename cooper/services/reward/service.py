@@ -208,7 +208,10 @@ class RewardService:
             await self.follower.stop()
         try:
             if self.config.save_on_stop and self.config.role == "trainer" and self.runner.alive:
-                await self.batcher.run_exclusive(lambda: self.runner.save_if_unsaved("stop"))
+                save = lambda: self.runner.save_if_unsaved("stop")  # noqa: E731
+                # Without its loop (it died on a bug) the batcher submits nothing more: the save goes to the runner,
+                # which runs it after whatever it was given, so the updates it applied are not lost.
+                await (self.batcher.run_exclusive(save) if self.batcher.running else save())
         finally:
             await self.batcher.stop()
             await self.runner.close()

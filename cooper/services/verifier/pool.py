@@ -9,6 +9,13 @@ queue, so idle workers take the next chunk (a chunk keeps the per-item IPC cost 
 item's result as soon as it has it; the driver waits at most `timeout_s * 1.5` for the next one. The worker's own
 timer (rules.py) normally answers TIMEOUT at `timeout_s`; when it does not (stuck in C code), the driver kills it,
 records TIMEOUT for that item, puts the rest of the chunk back on the queue and starts a new worker.
+
+A caller may go away while its batch is being checked (a gRPC call cancelled by a client that died): its future is
+then cancelled, the chunks still queued for it are dropped, and results that come back for it are discarded. A
+driver thread never dies from one chunk: an unexpected error fails that chunk's batch, the worker is replaced (its
+pipe may hold the rest of the chunk's answers), and the slot goes on. Should a slot's thread die anyway, `serving`
+says whether any slot is left, and `on_lost` is called when none is: a pool with no slot would accept calls and never
+answer them.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ import queue
 import signal
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -78,7 +86,22 @@ class _Batch:
             self.remaining -= 1
             done = self.remaining == 0
         if done:
-            self.future.set_result([r for r in self.results if r is not None])
+            self.settle(result=[r for r in self.results if r is not None])
+
+    @property
+    def abandoned(self) -> bool:
+        """The caller went away (its future was cancelled): nothing more is worth checking for it."""
+        return self.future.cancelled()
+
+    def settle(self, result: list[Check] | None = None, error: BaseException | None = None) -> None:
+        """Complete the future unless it is done already (cancelled by a caller that went away, or failed)."""
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result or [])
+        except InvalidStateError:  # cancelled since the last look: nobody waits for it
+            pass
 
 
 @dataclass
@@ -122,12 +145,23 @@ class _Worker:
         self.conn.close()
 
 
+class PoolLost(RuntimeError):
+    """Every worker slot of the pool is gone: the pool cannot check anything until the service restarts."""
+
+
 class VerifierPool:
-    """`submit(items)` -> Future of one Check per (completion, reference) item, in order. Thread-safe."""
+    """`submit(items)` -> Future of one Check per (completion, reference) item, in order. Thread-safe.
+
+    `on_lost(reason)` is called once, from the thread that found it, when no worker slot is left."""
 
     def __init__(self, workers: int | None = None, timeout_s: float = 3.0, chunk_size: int = 16, max_chars: int = 20000,
-                 answer: str = "anywhere"):
+                 answer: str = "anywhere", on_lost: Callable[[str], None] | None = None):
         self.workers = workers or os.cpu_count() or 1
+        self.on_lost = on_lost
+        self.lost: str | None = None
+        """Why no slot is left; None while any slot serves."""
+        self._live_slots = self.workers
+        self._slots_lock = threading.Lock()
         self.timeout_s = timeout_s
         self.chunk_size = chunk_size
         self.max_chars = max_chars
@@ -150,9 +184,16 @@ class VerifierPool:
         for thread in self._threads:
             thread.start()
 
+    @property
+    def serving(self) -> bool:
+        """At least one worker slot is driven by a live thread (health: a pool without one cannot answer)."""
+        return self.lost is None
+
     def submit(self, items: list[tuple[str, str]]) -> Future[list[Check]]:
         if self._closed:
             raise RuntimeError("the verifier pool is closed")
+        if self.lost is not None:
+            raise PoolLost(self.lost)
         batch = _Batch(items=items, results=[None] * len(items), remaining=len(items))
         if not items:
             batch.future.set_result([])
@@ -189,11 +230,40 @@ class VerifierPool:
         self._slots[slot] = _Worker(self._ctx, self.timeout_s, self.max_chars, self.answer)
 
     def _drive(self, slot: int) -> None:
-        while True:
-            chunk = self._queue.get()
-            if chunk is None:
+        try:
+            while True:
+                chunk = self._queue.get()
+                if chunk is None:
+                    return
+                if chunk.batch.abandoned:
+                    continue
+                try:
+                    self._run_chunk(slot, chunk)
+                except Exception as err:  # a bug or a failed restart must cost one batch, not the slot
+                    log.exception("verifier slot %d failed on a chunk; the batch fails and the worker is replaced",
+                                  slot)
+                    chunk.batch.settle(error=err)
+                    self._replace(slot, "error")
+        except BaseException as err:  # the thread ends here: say so, and whether any slot is left
+            self._slot_died(slot, err)
+
+    def _slot_died(self, slot: int, err: BaseException) -> None:
+        """A slot's thread is ending on an error: when it was the last one, fail what waits and tell `on_lost`."""
+        log.error("verifier slot %d stopped", slot, exc_info=err)
+        with self._slots_lock:
+            self._live_slots -= 1
+            if self._live_slots > 0 or self._closed:
                 return
-            self._run_chunk(slot, chunk)
+        self.lost = f"every verifier worker slot has stopped (the last on {err!r}); restart the service"
+        while True:  # nobody is left to take these: their callers get the error now, not at their deadline
+            try:
+                chunk = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if chunk is not None:
+                chunk.batch.settle(error=PoolLost(self.lost))
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
 
     def _run_chunk(self, slot: int, chunk: _Chunk) -> None:
         batch, pending = chunk.batch, list(chunk.positions)
