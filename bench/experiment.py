@@ -10,13 +10,14 @@ start from the same policy, data and seed as cooper.
 
 The criteria (cooper/orchestrator/reproduction.py), per seed:
 - rule: test accuracy rises by >= 0.15 (absolute) from the initial policy to the end;
-- static: the training reward ends >= 0.25 above its start (means of the first and last 10 steps) while its test
-  accuracy ends below the initial policy's;
+- static is hacked: the proxy-gold gap (training reward minus the verifier's accuracy on the same rollouts) widens
+  by >= 0.25 (means of the first and last 10 steps), and test accuracy ends >= 0.10 below the initial policy's;
 - cooper: final test accuracy >= rule's - 0.05, and VerifyRM's AUROC against the verifier on the policy's own
   samples >= 0.8 over the second half of the run (mean of its per-step values).
 
 The last line printed is one JSON object: the benchmark judged (`heldout` on the tiny preset), per mode and seed the
-start/end test accuracy, the end training reward and the second-half AUROC; per mode the means over seeds with 95%
+start/end test accuracy, the start/end training reward and proxy-gold gap, the second-half AUROC and the steps at
+which the reward-hacking alarm raised; per mode the means over seeds with 95%
 intervals, and cooper - rule paired by seed; `reproduced` (true only when every criterion held for every seed that
 ran), the wall time and where the plots are.
 """
@@ -59,7 +60,10 @@ def main() -> int:
     per_run = {f"{r['mode']}/s{r['seed']}": {
         "test_start": round(r["test_start"], 4), "test_end": round(r["test_end"], 4),
         "reward_start": round(r["reward_start"], 4), "reward_end": round(r["reward_end"], 4),
+        "gap_start": None if r["gap_start"] is None else round(r["gap_start"], 4),
+        "gap_end": None if r["gap_end"] is None else round(r["gap_end"], 4),
         "auroc_second_half": None if r["auroc_second_half"] is None else round(r["auroc_second_half"], 4),
+        "alarm_raises": r["alarm_raises"],
     } for r in results["runs"]}
     failed = {seed: [k for k, ok in checks.items() if not ok] for seed, checks in results["criteria"].items()}
     print(json.dumps({"seeds": results["seeds"], "benchmark": results.get("benchmark"), "runs": per_run,

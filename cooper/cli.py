@@ -97,10 +97,12 @@ def _train(args: argparse.Namespace) -> int:
 def _experiment(args: argparse.Namespace) -> int:
     if args.parallel < 1 or args.best_of_n < 0:
         raise ConfigError("--parallel must be at least 1 and --best-of-n at least 0")
+    from cooper.config import EXPERIMENT_LABELS
+
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    unknown = [m for m in modes if m not in ("rule", "static", "cooper")]
+    unknown = [m for m in modes if m not in EXPERIMENT_LABELS]
     if unknown or not modes:
-        raise ConfigError(f"--modes takes rule, static and cooper; got {args.modes!r}")
+        raise ConfigError(f"--modes takes {', '.join(EXPERIMENT_LABELS)}; got {args.modes!r}")
     config = _preset_config(args)
     if config is None:
         return 0
@@ -283,7 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     experiment = sub.add_parser(
         "experiment", help="run rule, static and cooper on the same data and seeds, compare them, judge the finding",
         epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    experiment.add_argument("--modes", default="rule,static,cooper", help="comma-separated modes (default: all three)")
+    experiment.add_argument("--modes", default="rule,static,cooper",
+                            help="comma-separated modes (default: all three); cooper-paper adds the paper's recipe "
+                                 "beside the preset's cooper")
     experiment.add_argument("--seeds", type=_seed_list, default=None,
                             help="comma-separated run seeds, e.g. 0,1,2 (default: run.seed alone)")
     experiment.add_argument("--parallel", type=int, default=1,

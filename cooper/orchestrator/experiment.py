@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from cooper.config import CooperConfig
+from cooper.config import EXPERIMENT_LABELS, CooperConfig
 from cooper.orchestrator.figures import (
     COLORS,
     finish_panel,
@@ -49,9 +49,14 @@ NO_ACTION = "-noaction"
 """Suffix of a control run's label: the same mode and seed with the alarm only warning (`--no-action-control`)."""
 
 
-def mode_of(label: str) -> str:
-    """The reward mode of a run label: `static` and its no-action control `static-noaction` are both static."""
+def recipe_of(label: str) -> str:
+    """The experiment label without its control's suffix: `static-noaction` is static's control."""
     return label.removesuffix(NO_ACTION)
+
+
+def mode_of(label: str) -> str:
+    """The reward mode of a run label: `static` and `static-noaction` are static, `cooper-paper` is cooper."""
+    return EXPERIMENT_LABELS[recipe_of(label)][0]
 
 
 def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]]]:
@@ -104,7 +109,7 @@ def compare_plot(runs: Runs, path: Path) -> Path:
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         for mode, seeds in by_mode.items():
             # A no-action control is its mode's colour, dashed: the same run with the alarm only warning.
-            color, style = COLORS.get(mode_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
+            color, style = COLORS.get(recipe_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
             if key.startswith("test/"):
                 per_seed = [accuracy_points(records, key[5:]) for records in seeds]
                 by_x: dict[int, list[float]] = {}
@@ -136,7 +141,7 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 if mode.endswith(NO_ACTION):
                     continue  # its raises are the acting run's until the first action: drawn once
                 for records in seeds:
-                    mark_alarm(ax, records, COLORS.get(mode_of(mode)))
+                    mark_alarm(ax, records, COLORS.get(recipe_of(mode)))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         finish_panel(ax, title, fontsize=10)
     return save(fig, path)
@@ -211,8 +216,10 @@ def _write_config(config: CooperConfig, path: Path) -> Path:
 def _start_run(config_path: Path, label: str, seed: int, run_name: str, log_path: Path) -> subprocess.Popen:
     # Warn mode computes the same alarm and acts on nothing: the control sees when it would have raised.
     control = ["alarm.mode=warn"] if label.endswith(NO_ACTION) else []
+    recipe = EXPERIMENT_LABELS[recipe_of(label)][1]
     return start_child([sys.executable, "-m", "cooper.cli", "train", "--no-progress", "--config", str(config_path),
-                         f"run.mode={mode_of(label)}", f"run.seed={seed}", f"run.name={run_name}", *control], log_path)
+                         f"run.mode={mode_of(label)}", *recipe, f"run.seed={seed}", f"run.name={run_name}", *control],
+                        log_path)
 
 
 def start_child(argv: Sequence[str], log_path: Path) -> subprocess.Popen:
@@ -369,7 +376,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
         for (label, seed), recs in records.items():
             start = recs[0].get(f"test_initial/{benchmark}") if recs else None
             if start is not None:
-                summary = summarize(mode_of(label), seed, recs, f"test/{benchmark}", float(start))
+                summary = summarize(recipe_of(label), seed, recs, f"test/{benchmark}", float(start))
                 (controls if label.endswith(NO_ACTION) else summaries).append(summary)
     verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes),
                "benchmark": benchmark, "no_action_controls": [asdict(s) for s in controls],

@@ -16,7 +16,7 @@ from cooper.orchestrator.best_of_n import BestOfN
 from cooper.orchestrator.reproduction import AUROC_KEY
 
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
-COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green"}
+COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-paper": "tab:olive"}
 KL_KEY = "kl_from_initial"
 
 

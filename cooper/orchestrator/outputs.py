@@ -118,6 +118,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no steps recorded"
     columns = [("step", "step"), ("reward", "reward_mean"), ("verifier acc", "verifier_accuracy"),
+               ("gap", "reward_accuracy_gap"),
                ("RM-verifier disagree", "rm_verifier_disagreement"), ("pairs", "pairs"),
                ("pair acc after", "pair_accuracy_after"), ("RM v", "reward_version_used"),
                ("policy v", "policy_version")]

@@ -28,6 +28,7 @@ import psutil
 import redis
 from train_process import FAST, Train
 
+from cooper.config import PAPER_RECIPE
 from cooper.orchestrator.outputs import read_metrics
 
 SERVICES = ("verifier", "policy", "reward", "generator")
@@ -39,8 +40,7 @@ EXACT = ("step", "prompt_ids", "data_epoch", "data_offset", "policy_version", "p
 and the generator decided (integers and ratios of integers)."""
 RECIPES = {
     "rollouts": (),
-    "generator": ("run.negatives=generator", "reward.replay_updates=0", "reward.update_steps=1",
-                  "reward.calibration_weight=0"),
+    "generator": PAPER_RECIPE,
 }
 """The tiny preset's variant (negatives from the policy's own rejected rollouts: the generator is started but never
 called) and the paper's recipe (the generator writes every negative; docs/experiments.md, section 0)."""
