@@ -60,8 +60,10 @@ RUN --mount=type=secret,id=pip_cert \
     if [ -f /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
     pip install -r /tmp/requirements.txt && pip check
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY cooper ./cooper
+# The presets ship inside the package (setup.py: cooper/configs/).
+COPY configs ./configs
 # --no-build-isolation: build with the lock's setuptools, already installed, instead of fetching a build backend.
 RUN pip install --no-deps --no-build-isolation . && rm -rf /app/build
 
