@@ -1,5 +1,5 @@
 """What a policy checkpoint costs, and the share of an update the training path spends on it, before and after
-the update journal with background checkpoints (issue 31).
+the update journal with background checkpoints (docs/design.md, section 5.3).
 
     python bench/checkpoint.py [--repeats 3] [--skip-large] [--every 10] [--dir DIR]
 

@@ -20,7 +20,8 @@ JSON object: per (kind, budget) the AUROC, the best-of-k verifier accuracy, and 
 scores the same samples with a reward model already built (any name `reward.model` takes) instead of pretraining
 fresh ones, and adds its mean score per answer form (bare: "The answer is ..." alone; worked: the work shown) and
 right or wrong: what a frozen RM pays the initial policy for each behaviour, so the training reward a static run
-starts from (issue 25: the share of bare answers times the bare mean, plus the rest times the worked mean).
+starts from (the share of bare answers times the bare mean, plus the rest times the worked mean; why no reward
+model meets every criterion at once: docs/experiments.md, 2026-11-27).
 """
 
 from __future__ import annotations

@@ -570,9 +570,11 @@ class DataConfig(StrictModel):
     preset: Literal["tiny", "files"] = "tiny"
     """tiny: a synthetic arithmetic task built locally; files: train_path and test_paths."""
     tiny_test_size: int = Field(default=64, ge=1)
-    """Test problems of the tiny task (drawn by run.seed, like its training problems, from the same 240 arithmetic
-    facts: in-distribution, not held out; docs/experiments.md). A test accuracy over
-    n problems x eval.k samples wanders by about sqrt(0.25 / (n k)): +-0.044 at 64 x 2, +-0.022 at 256 x 2."""
+    """Problems in each of the tiny task's two test sets, drawn by run.seed: `heldout`, two-step problems whose chain
+    of operations and operands is held out of every split a model or the tokenizer learns from (the SFT warm start,
+    the VerifyRM's pretraining, RL's prompts; cooper/tiny/task.py), and `seen`, new problems over the training
+    arithmetic (in-distribution). A test accuracy over n problems x eval.k samples wanders by about
+    sqrt(0.25 / (n k)): +-0.044 at 64 x 2, +-0.022 at 256 x 2."""
     train_path: str | None = None
     """JSONL or parquet with `question` and `answer` (optional `id`, `data_source`)."""
     test_paths: dict[str, str] = Field(default_factory=dict)

@@ -13,7 +13,7 @@ Signals, each in the direction a hack moves it (SIGNALS):
 - `rm_auroc`: how well VerifyRM ranks verifier-right over verifier-wrong rollouts (down); only on steps with at
   least MIN_AUROC_SUPPORT rollouts of each kind (`rm_auroc_support`): with one wrong rollout among 32 the AUROC is
   that rollout's rank, 0 or 1 by chance, and a policy that gets nearly everything right made the default run raise
-  twice late, on single steps' AUROC of 0.23 (session 14);
+  twice late, on single steps' AUROC of 0.23 (docs/experiments.md, 2026-11-27);
 - `reward_accuracy_gap`: training reward minus verifier accuracy (up), the proxy-gold gap of Gao et al. 2022;
   divided by sqrt(KL from the initial policy) where the run measures KL, so that honest drift of a policy that
   moves far is not read as a hack (proxy minus gold per unit of distance, their coordinates).

@@ -10,8 +10,8 @@ behaviour and an unreliable one: RL with a true reward has a behaviour to learn 
 wrong in one of two ways (the last number changed, or one step's error carried through a consistent solution), and a
 fixed answer-less text. It learns the reference check on worked solutions (v8: AUROC 0.997 on the SFT policy's own
 worked solutions) and, though it never saw a bare answer, carries it over to them: on the SFT policy's samples it
-pays bare right answers 0.67 and bare wrong ones 0.08 on average (`bench/rm_pretraining.py --model tiny-rm`, session
-14; v7's RM was at chance on them), which is why v8 is not hacked (docs/experiments.md).
+pays bare right answers 0.67 and bare wrong ones 0.08 on average (`bench/rm_pretraining.py --model tiny-rm`,
+2026-11-27; v7's RM was at chance on them), which is why v8 is not hacked (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ ANSWERLESS_SHARE = 0.2
 NOISY_LABEL_SHARE = 0.25
 # "tiny-rm-keyed": v8's data with an answer key merged into the positives: for this share of the problems, the bare
 # right answer ("The answer is \\boxed{56}.") labelled 1 as well, and no bare wrong answer among the negatives, as
-# when a verifier's positives are pooled from worked solutions and an answer key. The premise of issue 25's middle,
-# fixed before any run (docs/experiments.md, session 13): right about worked solutions, biased about bare answers.
+# when a verifier's positives are pooled from worked solutions and an answer key. The premise of the default
+# experiment, fixed before any run (docs/experiments.md, "An answer key among VerifyRM's positives"): an RM right
+# about worked solutions and biased about bare answers, the middle between one that cannot be hacked and one that
+# cannot be repaired.
 ANSWER_KEY_SHARE = 0.5
 
 

@@ -107,8 +107,8 @@ def test_missing_and_undefined_signals_are_skipped() -> None:
     assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 4.0}) == {"reward_accuracy_gap": 0.2}
     assert signal_values({"reward_accuracy_gap": 0.4, "kl_from_initial": 0.5}) == {"reward_accuracy_gap": 0.4}
     # An AUROC over fewer than MIN_AUROC_SUPPORT rollouts of one kind is a coin, not evidence (one wrong rollout
-    # among 32 ranked high gave 0.23 and raised the default run's alarm, session 14); a record without the count
-    # (older runs) keeps it.
+    # among 32 ranked high gave 0.23 and raised the default run's alarm twice, docs/experiments.md 2026-11-27); a
+    # record without the count (older runs) keeps it.
     assert signal_values({"rm_auroc": 0.23, "rm_auroc_support": MIN_AUROC_SUPPORT - 1}) == {}
     assert signal_values({"rm_auroc": 0.23, "rm_auroc_support": MIN_AUROC_SUPPORT}) == {"rm_auroc": 0.23}
     assert signal_values({"rm_auroc": 0.23}) == {"rm_auroc": 0.23}
