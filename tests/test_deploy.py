@@ -36,7 +36,7 @@ def compose_file() -> dict:
 
 @pytest.fixture(scope="module")
 def k8s_tree(tmp_path_factory) -> Path:
-    """A copy of deploy/k8s with the overlay's git-ignored secret files made from their examples, as the README says."""
+    """A copy of deploy/k8s with the overlay's git-ignored secret files made from their examples, as docs/operations.md says."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree)
     overlay = tree / OVERLAY
@@ -327,7 +327,7 @@ def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree
 
 
 def test_overlay_patch_runs_the_policy_on_four_gpus(k8s_tree, tmp_path):
-    """patches/policy-gpus.yaml, added to the overlay as README "Several GPUs" says: a valid 4-GPU policy pod."""
+    """patches/policy-gpus.yaml, added to the overlay as docs/operations.md "Several GPUs" says: a valid 4-GPU policy pod."""
     tree = tmp_path / "k8s"
     shutil.copytree(k8s_tree, tree)
     kustomization = tree / OVERLAY / "kustomization.yaml"

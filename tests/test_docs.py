@@ -1,0 +1,166 @@
+"""README and docs/ do not rot, and no tracked text says how the project was made.
+
+- Every relative link in README.md and docs/*.md names a file that exists (the anchor after `#` is not checked).
+- Every `cooper SUBCOMMAND --flag` that README shows, in a code block or inline code, exists in that subcommand's
+  `--help`.
+- No tracked text file carries words about the work rather than the product: numbered work sessions or tickets, a
+  machine-local path. Each hit fails with `file:line: text`; such notes belong in commit messages.
+
+Each checker is a plain function, also run on planted text so that none of them passes by finding nothing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# --- links -------------------------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^```.*?^```", flags=re.M | re.S)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def broken_links(path: Path, text: str | None = None) -> list[str]:
+    """`path:line: target` for each relative link of a markdown file whose target does not exist."""
+    text = path.read_text() if text is None else text
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # keep line numbers; code holds no links
+    problems = []
+    for match in LINK.finditer(prose):
+        target = match.group(1)
+        if re.match(r"[a-z][a-z+.-]*:", target) or target.startswith("#"):  # https:, mailto:, an anchor here
+            continue
+        if not (path.parent / target.split("#", 1)[0]).exists():
+            line = prose.count("\n", 0, match.start()) + 1
+            problems.append(f"{path.relative_to(ROOT)}:{line}: {target}")
+    return problems
+
+
+def test_every_relative_link_resolves():
+    assert [p for doc in DOCS for p in broken_links(doc)] == []
+
+
+def test_a_broken_link_is_reported():
+    text = "See [the design](docs/design.md), [gone](docs/gone.md#x), [site](https://example.org).\n"
+    assert broken_links(ROOT / "README.md", text) == ["README.md:1: docs/gone.md#x"]
+
+
+# --- README's cooper commands ------------------------------------------------------------------------------------
+
+def readme_commands(text: str) -> list[tuple[str, list[str]]]:
+    """(subcommand, flags) of every `cooper ...` command in README's code: fenced blocks, line by line with `\\`
+    continuations joined and comments dropped, and inline code spans that start with `cooper `."""
+    lines: list[str] = []
+    for block in FENCE.findall(text):
+        body = "\n".join(block.splitlines()[1:-1]).replace("\\\n", " ")
+        lines += [line.split(" # ", 1)[0].split("  #", 1)[0] for line in body.splitlines()]
+    lines += re.findall(r"(?<!`)`(cooper [^`]+)`", FENCE.sub("", text))
+    commands = []
+    for line in lines:
+        # `cooper` in command position: at the start, or after && ; | (not `kubectl -n cooper wait`).
+        for match in re.finditer(r"(?:^|&&|;|\|)\s*cooper\s+([a-z][a-z-]*)([^&;|]*)", line):
+            flags = [token.split("=", 1)[0] for token in match.group(2).split() if re.match(r"--?[A-Za-z]", token)]
+            commands.append((match.group(1), flags))
+    return commands
+
+
+def cooper_help(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "cooper.cli", *args, "--help"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def unknown_options(commands: list[tuple[str, list[str]]]) -> list[str]:
+    """What README shows that `cooper --help` and `cooper SUBCOMMAND --help` do not know."""
+    top = cooper_help()
+    subcommands = set(re.findall(r"^ {4}([a-z][a-z-]*)(?: |$)", top, flags=re.M))  # argparse's COMMAND list
+    helps = {name: cooper_help(name) for name in sorted({name for name, _ in commands} & subcommands)}
+    problems = [f"cooper {name}: no such subcommand" for name, _ in commands if name not in subcommands]
+    for name, flags in commands:
+        problems += [f"cooper {name} {flag}: not in `cooper {name} --help`" for flag in flags
+                     if name in helps and not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", helps[name])]
+    return problems
+
+
+def test_every_cooper_command_in_the_readme_exists():
+    commands = readme_commands((ROOT / "README.md").read_text())
+    # The scan finds what README shows (the first command, the paper-scale path), so an empty list cannot pass.
+    assert ("train", []) in commands and ("pretrain-rm", ["-o"]) in commands, commands
+    assert unknown_options(commands) == []
+
+
+def test_an_unknown_flag_or_subcommand_is_reported():
+    planted = ("```bash\npip install x && cooper train --no-such-flag run.steps=2\n"
+               "cooper frobnicate --config a.yaml\nkubectl -n cooper wait --for=condition=complete\n```\n"
+               "Then `cooper data in.jsonl -o out.jsonl`.\n")
+    commands = readme_commands(planted)
+    assert commands == [("train", ["--no-such-flag"]), ("frobnicate", ["--config"]), ("data", ["-o"])]
+    assert unknown_options(commands) == ["cooper frobnicate: no such subcommand",
+                                         "cooper train --no-such-flag: not in `cooper train --help`"]
+
+
+# --- words about how the project was made ------------------------------------------------------------------------
+
+# Built from pieces, so that this file does not match its own patterns.
+PROCESS_WORDS = [re.compile(pattern, flags=re.I) for pattern in (
+    r"\b" + "sess" + r"ions?\s+#?\d+",          # numbered work sessions
+    r"\bthis " + "sess" + r"ion\b",
+    r"\b" + "iss" + r"ues?\s+#?\d+",            # numbered tickets
+    r"\bthe " + "iss" + r"ue's\b|\bof the " + "iss" + r"ue\b",
+    r"\bhelper " + r"agents?\b",
+    r"\bpeople who " + r"steer\b",
+    r"(?<![\w.])/" + r"work/",                  # machine-local paths
+    r"/" + r"home/(?!cooper\b)\w+",             # (the images' user is cooper)
+)]
+TEXT_SUFFIXES = {".md", ".py", ".pyi", ".yaml", ".yml", ".toml", ".txt", ".sh", ".cfg", ".ini", ".json", ".proto",
+                 ".example", ".dockerignore", ".Dockerfile", ".env"}
+VENDORED = {"tests/deploy/compose-spec.json"}  # the compose specification, as published
+
+
+def process_words(name: str, text: str) -> list[str]:
+    """`name:line: text` for each line that says how the work was organised. A phrase broken across two lines of
+    prose counts too: it is matched with the line break read as a space."""
+    flat = text.replace("\n", " ")
+    problems = []
+    for pattern in PROCESS_WORDS:
+        for match in pattern.finditer(flat):
+            line = text.count("\n", 0, match.start()) + 1
+            problems.append(f"{name}:{line}: {text.splitlines()[line - 1].strip()}")
+    return sorted(set(problems))
+
+
+def tracked_text_files() -> list[str]:
+    try:
+        listed = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    names = []
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if name in VENDORED or "_pb2" in name or not path.is_file():
+            continue
+        if path.suffix in TEXT_SUFFIXES or path.name in {"Dockerfile", "run", "LICENSE"} or name.startswith(".ci/"):
+            names.append(name)
+    return names
+
+
+def test_no_tracked_text_says_how_it_was_made():
+    names = tracked_text_files()
+    assert "README.md" in names and "cooper/cli.py" in names and ".ci/run" in names
+    assert [p for name in names for p in process_words(name, (ROOT / name).read_text())] == []
+
+
+def test_words_about_the_work_are_reported_with_their_line():
+    planted = "A run.\nMeasured in " + "Sess" + "ion\n14 on a\nquiet machine; see " + "iss" + "ue #25.\n"
+    planted += "Copied from /" + "work/notes.txt. A gRPC " + "sess" + "ion and an HTTP " + "sess" + "ion are fine.\n"
+    assert process_words("x.md", planted) == [
+        "x.md:2: Measured in " + "Sess" + "ion",
+        "x.md:4: quiet machine; see " + "iss" + "ue #25.",
+        "x.md:5: Copied from /" + "work/notes.txt. A gRPC " + "sess" + "ion and an HTTP " + "sess" + "ion are fine.",
+    ]
