@@ -238,7 +238,7 @@ class RewardConfig(StrictModel):
     model (each trains on the same pairs: the update's compute is repeated; the first copy alone writes checkpoints).
     The copies' results are compared after every update, and a difference stops the service (a restart reloads them
     all from one checkpoint). For a CPU serving more score requests than one process can forward (two copies on
-    two cores: README, Benchmarks); on a GPU, whose kernels need not be bit-reproducible, use read replicas."""
+    two cores: docs/benchmarks.md); on a GPU, whose kernels need not be bit-reproducible, use read replicas."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimizer of the Bradley-Terry updates (paper: lr 1e-5, wd 0.01, clip 1.0)."""
     update_steps: int = Field(default=1, ge=1)
@@ -388,7 +388,7 @@ class PolicyConfig(StrictModel):
     """Write a full checkpoint (weights and AdamW state) every N updates; 0 only on Save() and on stop. With
     policy.journal a restart loses no update whatever N is: N only bounds how many updates a restart applies again
     (at most N - 1) and how long the journal grows. With policy.save_in_background the training path pays only for
-    an in-memory copy (README "When things die", bench/checkpoint.py)."""
+    an in-memory copy (docs/operations.md, "When things die"; bench/checkpoint.py)."""
     save_in_background: bool = True
     """Write the periodic checkpoints on a thread of their own from an in-memory copy of the state, taken on the
     training path, so the next updates run while it is written (at most one in flight: a save waits for the one
@@ -410,7 +410,7 @@ class PolicyConfig(StrictModel):
     """Training ranks. 1 trains in the service process. N > 1 starts N-1 more processes beside it and trains with
     FSDP2 across all N: each rank holds a shard of the weights and optimizer and runs forward/backward on its share
     of the batch; generation stays on rank 0. On CUDA rank r uses cuda:r (pick the GPUs with CUDA_VISIBLE_DEVICES);
-    "auto" = one rank per visible GPU (1 without CUDA). One node only (README "Several GPUs")."""
+    "auto" = one rank per visible GPU (1 without CUDA). One node only (docs/operations.md, "Several GPUs")."""
     distributed: PolicyDistributedConfig = Field(default_factory=PolicyDistributedConfig)
     """Process group and mixed precision of the ranks (used when world_size > 1)."""
 
@@ -519,7 +519,7 @@ class GeneratorConfig(StrictModel):
 
 class SecurityConfig(StrictModel):
     """Who may call the gRPC services: a shared bearer token and TLS (mutual when a CA is given), the same for every
-    service and client (README "Securing the services"). Health and reflection stay open, for probes."""
+    service and client (docs/security.md). Health and reflection stay open, for probes."""
 
     token: SecretStr | None = None
     """Shared token: servers refuse every RPC without `authorization: Bearer <token>` (UNAUTHENTICATED), clients

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVICE_NAMES = ("verifier", "policy", "reward", "generator")
 STARTUP_S = 900.0
 """The most a service of the run may take to start (or restart) before the run counts as stuck: on 2 cores kept busy
-by other work the slowest start measured was well under this (see README, Tests)."""
+by other work the slowest start measured was well under this (docs/development.md, Tests)."""
 FAST = ["eval.every=0", "run.batch_size=8"]
 
 

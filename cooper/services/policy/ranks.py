@@ -5,7 +5,7 @@ and all N join one process group (NCCL on CUDA, gloo on the CPU) through it. Eac
 with FSDP2 (`sharded.shard_model`) and loads its shard of the optimizer state from the checkpoint it was given.
 The service's command line does not change (`cooper serve policy`), so compose and Kubernetes only set
 `policy.world_size` and the GPU count. Multi-node would need torchrun and a control channel over the network;
-see README "Several GPUs".
+see docs/operations.md, "Several GPUs".
 
 Driving: rank 0 sends each command down a pipe to every other rank, runs the same command itself, then waits for
 each rank's acknowledgement. Commands are method names of `RankTrainer`; the collectives inside pair up because

@@ -109,7 +109,7 @@ class RewardHttpHandler:
             raise ApiError(422, "invalid_request", f"query {index} has no reference answer: send labels (one "
                            "reference per query, with prompts), or queries that hold the VerifyRM template "
                            "'<question>Q</question>\\n<reference_answer>R</reference_answer>\\n<completion>C' "
-                           "(README, Score with curl)")
+                           "(docs/reward-api.md, Score with curl)")
         return item
 
     def _strip_special(self, query: str) -> str:
