@@ -41,6 +41,8 @@ SCRIPTS = [
                  {"seeds", "benchmark", "runs", "across_seeds", "failed_criteria", "reproduced"}, id="experiment"),
     pytest.param("rm_pretraining.py", ["--problems", "20", "--epochs", "1", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "runs"}, id="rm_pretraining"),
+    pytest.param("under_load.py", ["--hogs", "1", "--repeat", "2", "--", sys.executable, "-c", "print('ran')"],
+                 {"command", "hogs", "runs", "passed"}, id="under_load"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
@@ -64,21 +66,24 @@ def test_every_bench_script_is_tested():
 @pytest.fixture(scope="module")
 def tiny_preset_models() -> None:
     """The preset's warm starts, built here rather than inside a script's time limit (the SFT alone takes minutes
-    on a busy 2-core machine); the VerifyRM's pretraining in a second process beside the SFT, each on one thread
-    (one after the other they were 280 s of a fresh suite's 18 minutes). The rest of the suite finds them cached."""
+    on a busy 2-core machine); the VerifyRMs' pretraining (tiny-rm, and tiny-rm-keyed, the preset's default) in a
+    second process beside the SFT, each on one thread (one after the other they were 280 s of a fresh suite's 18
+    minutes). The rest of the suite finds them cached."""
     from cooper.tiny.models import tiny_model_dir, tiny_tokenizer_dir
-    from cooper.tiny.warm_start import tiny_pretrained_rm_dir, tiny_sft_policy_dir
+    from cooper.tiny.warm_start import tiny_keyed_rm_dir, tiny_pretrained_rm_dir, tiny_sft_policy_dir
 
     tiny_tokenizer_dir()  # what both builds start from (seconds): built once, not raced
     tiny_model_dir("causal")
     tiny_model_dir("reward")
-    rm = subprocess.Popen([sys.executable, "-c", "from cooper.tiny.warm_start import tiny_pretrained_rm_dir as d; d()"],
+    rm = subprocess.Popen([sys.executable, "-c", "from cooper.tiny.warm_start import tiny_pretrained_rm_dir, "
+                           "tiny_keyed_rm_dir; tiny_pretrained_rm_dir(); tiny_keyed_rm_dir()"],
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         tiny_sft_policy_dir()
     finally:
-        assert rm.wait(timeout=1200) == 0, "building tiny-rm in a second process failed (its output is above)"
+        assert rm.wait(timeout=1200) == 0, "building the tiny VerifyRMs in a second process failed (output above)"
     tiny_pretrained_rm_dir()  # cached now: returns at once
+    tiny_keyed_rm_dir()
 
 
 @pytest.mark.timeout(1200)  # the first test builds the warm starts (tiny_preset_models), minutes on a busy machine
@@ -93,6 +98,14 @@ def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str
     last = done.stdout.strip().splitlines()[-1]
     result = json.loads(last)
     assert keys <= result.keys(), f"{script}'s last line lacks {sorted(keys - result.keys())}: {last[:1000]}"
+
+
+def test_under_load_stops_at_the_first_failure_and_says_so(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "under_load.py"), "--hogs", "1", "--repeat", "3", "--",
+                           sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 1 and result["passed"] is False and result["runs"] == [result["runs"][0]]
+    assert result["runs"][0]["exit"] == 3
 
 
 def test_the_reward_http_ceiling_runs_the_bare_model_in_as_many_processes_as_the_service_has_copies(monkeypatch):

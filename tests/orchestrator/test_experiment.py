@@ -35,7 +35,7 @@ def test_compare_table_and_plot(tmp_path):
 def test_experiment_rejects_unknown_modes():
     result = subprocess.run([sys.executable, "-m", "cooper.cli", "experiment", "--modes", "rule,greedy"],
                             capture_output=True, text=True)
-    assert result.returncode == 2 and "--modes takes rule, static and cooper" in result.stderr
+    assert result.returncode == 2 and "--modes takes rule, static, cooper, cooper-paper" in result.stderr
 
 
 def test_test_accuracy_starts_at_the_initial_policy_and_seeds_average(tmp_path):
