@@ -95,12 +95,13 @@ def test_eval_rm_reports_both_judges_per_answer_type(tmp_path: Path, capsys: pyt
 
 def test_pretrained_tiny_rm_tells_right_from_wrong_on_the_tiny_benchmark(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # tiny-rm (the tiny preset's VerifyRM, BCE-pretrained on right, wrong and answer-less solutions) on problems it
+    # tiny-rm (the tiny VerifyRM that compares with the reference, BCE-pretrained on right, wrong and answer-less solutions) on problems it
     # never saw; the verifier gets every one of them right, since each carries a \boxed answer or none at all.
     # tiny-rm is a deliberately small-budget proxy (warm_start.RM_PROBLEMS): it ranks above chance (measured AUROC
     # 0.745 on v7's two-step problems, 0.8+ on v6's; docs/experiments.md says why) but thresholds worse, so that is
     # what is asserted, not a verifier's accuracy.
-    assert main(["eval-rm", "tiny", "reward.device=cpu", "reward.torch_threads=1", "verifier.workers=1"]) == 0
+    assert main(["eval-rm", "tiny", "reward.model=tiny-rm", "reward.device=cpu", "reward.torch_threads=1",
+                 "verifier.workers=1"]) == 0
     report = _last_json(capsys.readouterr().out)
     assert report["reward_model"] == "tiny-rm" and report["n"] == 96
     assert report["verifier"]["accuracy"] == 1.0

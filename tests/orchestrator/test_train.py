@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from cooper.config import OptimConfig
 from cooper.evaluation.rm_bench import reward_model_report, tiny_bench
@@ -107,7 +108,8 @@ def test_static_mode_never_updates_the_reward_model(tmp_path):
     assert not (tmp_path / "s" / "logs" / "generator.log").exists()
     # The labelled benchmark, scored at the (final) evaluation by the reward service: the static model's numbers.
     assert "rm_bench/accuracy" not in records[1]
-    rm = VerifyRM.load(resolve_model("tiny-rm", "reward"), OptimConfig(), max_length=256, device="cpu")
+    used = yaml.safe_load((tmp_path / "s" / "config.yaml").read_text())["reward"]["model"]  # the preset's VerifyRM
+    rm = VerifyRM.load(resolve_model(used, "reward"), OptimConfig(), max_length=256, device="cpu")
     bench = tiny_bench()
     local = reward_model_report(bench, [s for s, _ in rm.score(
         [ScoreItem(i.question, i.reference, i.completion) for i in bench])])
