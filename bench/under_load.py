@@ -19,7 +19,7 @@ import time
 
 
 def _spin() -> None:
-    os.nice(0)  # the same priority as the command: a hog at a lower priority would not compete
+    """Busy-loop at the command's own priority: a hog at a lower one would not compete."""
     while True:
         pass
 

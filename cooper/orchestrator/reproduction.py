@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cooper.config import EXPERIMENT_LABELS
 from cooper.evaluation.monitor import mean_or_none
 
 RULE_GAIN = 0.15
@@ -72,19 +73,22 @@ def summarize(mode: str, seed: int, records: Sequence[Mapping[str, Any]], test_k
     tests = _series(records, test_key)
     if not tests:
         raise ValueError(f"{mode} seed {seed}: no {test_key} in the run's metrics (is eval.every 0?)")
-    rewards = _series(records, "reward_mean")
-    window = max(1, min(WINDOW, len(rewards) // 4))
+    reward_start, reward_end = _start_and_end(_series(records, "reward_mean"))
     second_half = [r for r in records if r["step"] >= len(records) // 2]
     aurocs = _series(second_half, AUROC_KEY)
     kls = _series(records, kl_key)
     gap = _series(records, GAP_KEY)
-    gap_window = max(1, min(WINDOW, len(gap) // 4))
-    return RunSummary(mode, seed, test_start, tests[-1], statistics.fmean(rewards[:window]),
-                      statistics.fmean(rewards[-window:]), mean_or_none(aurocs), min(aurocs) if aurocs else None,
-                      kls[-1] if kls else None, statistics.fmean(gap[:gap_window]) if gap else None,
-                      statistics.fmean(gap[-gap_window:]) if gap else None, tuple(round(g, 4) for g in gap),
+    gap_start, gap_end = _start_and_end(gap) if gap else (None, None)
+    return RunSummary(mode, seed, test_start, tests[-1], reward_start, reward_end, mean_or_none(aurocs),
+                      min(aurocs) if aurocs else None, kls[-1] if kls else None, gap_start, gap_end,
+                      tuple(round(g, 4) for g in gap),
                       tuple(int(r["step"]) for r in records if r.get("alarm/event") == "raised"))
 
+
+def _start_and_end(series: Sequence[float]) -> tuple[float, float]:
+    """Means of the first and last WINDOW values (a quarter of them on a short run)."""
+    window = max(1, min(WINDOW, len(series) // 4))
+    return statistics.fmean(series[:window]), statistics.fmean(series[-window:])
 
 
 def judge_seed(by_mode: Mapping[str, RunSummary]) -> dict[str, bool]:
@@ -143,7 +147,8 @@ def across_seeds(summaries: Sequence[RunSummary]) -> dict[str, Any]:
         widening = [r.gap_end - r.gap_start for r in runs.values() if r.gap_start is not None and r.gap_end is not None]
         if widening:
             out[mode]["gap_widening"] = interval_95(widening)
-    for mode in [m for m in by_mode if m.startswith("cooper")]:  # cooper, and cooper-paper where it ran
+    # cooper, and each other recipe of cooper mode that ran (cooper-paper)
+    for mode in [m for m in by_mode if EXPERIMENT_LABELS.get(m, (m,))[0] == "cooper"]:
         paired = sorted(set(by_mode[mode]) & set(by_mode.get("rule", {})))
         if paired:
             out[f"{mode}_minus_rule"] = interval_95([by_mode[mode][s].test_end - by_mode["rule"][s].test_end
@@ -179,8 +184,8 @@ def results_table(summaries: Sequence[RunSummary]) -> str:
     def fmt(x: float | None) -> str:
         return "-" if x is None else f"{x:.3f}"
 
-    order = ["rule", "static", "cooper", "cooper-paper"]
-    for s in sorted(summaries, key=lambda s: (order.index(s.mode) if s.mode in order else 9, s.seed)):
+    order = list(EXPERIMENT_LABELS)
+    for s in sorted(summaries, key=lambda s: (order.index(s.mode) if s.mode in order else len(order), s.seed)):
         auroc = "-" if s.auroc_second_half is None else f"{s.auroc_second_half:.3f} / {fmt(s.auroc_second_half_min)}"
         rows.append(f"| {s.mode} | {s.seed} | {fmt(s.test_start)} | {fmt(s.test_end)} | {fmt(s.reward_start)} | "
                     f"{fmt(s.reward_end)} | {fmt(s.gap_start)} | {fmt(s.gap_end)} | {auroc} | {fmt(s.kl_end)} |")

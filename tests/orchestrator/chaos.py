@@ -26,12 +26,11 @@ from typing import Any
 
 import psutil
 import redis
-from train_process import FAST, Train
+from train_process import FAST, SERVICES, Train
 
 from cooper.config import PAPER_RECIPE
 from cooper.orchestrator.outputs import read_metrics
 
-SERVICES = ("verifier", "policy", "reward", "generator")
 TARGETS = (*SERVICES, "cli", "redis")
 EXACT = ("step", "prompt_ids", "data_epoch", "data_offset", "policy_version", "policy_version_sampled",
          "reward_version_used", "reward_version", "pairs", "positive_rate", "valid_pair_rate", "verifier_accuracy",

@@ -16,10 +16,12 @@ from pathlib import Path
 
 import psutil
 
+from cooper.orchestrator.local import services_needed
 from cooper.orchestrator.outputs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICE_NAMES = ("verifier", "policy", "reward", "generator")
+SERVICES = tuple(services_needed("cooper"))
+"""Every service a run can start (cooper mode starts them all)."""
 STARTUP_S = 900.0
 """The most a service of the run may take to start (or restart) before the run counts as stuck: on 2 cores kept busy
 by other work the slowest start measured was well under this (docs/development.md, Tests)."""
@@ -178,7 +180,7 @@ def starting_services(run_dir: Path) -> list[str]:
     logs = run_dir / "logs"
     if not logs.is_dir():
         return ["cooper train"]  # it has not started any service yet
-    return [log.stem for log in logs.glob("*.log") if log.stem in SERVICE_NAMES
+    return [log.stem for log in logs.glob("*.log") if log.stem in SERVICES
             and not (logs / f"{log.stem}.ready.json").exists()]
 
 

@@ -127,11 +127,7 @@ class Batcher:
             return
         error = task.exception()
         log.error("the reward batching loop ended on an error; the service cannot score", exc_info=error)
-        while self._queue:  # nobody is left to take these
-            job = self._queue.popleft()
-            if not job.future.done():
-                job.future.set_exception(QueueTimeout("the scoring loop stopped; the service is restarting"))
-        self._queued_items = 0
+        self._fail_waiting("the scoring loop stopped; the service is restarting")  # nobody is left to take these
         if self.on_loop_died is not None:
             self.on_loop_died(f"the reward batching loop ended on {error!r}")
 
@@ -140,11 +136,15 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_waiting("the reward service is shutting down")
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    def _fail_waiting(self, why: str) -> None:
+        """Fail every job still in the queue with QueueTimeout(why)."""
         while self._queue:
             job = self._queue.popleft()
             if not job.future.done():
-                job.future.set_exception(QueueTimeout("the reward service is shutting down"))
-        await asyncio.gather(*self._inflight, return_exceptions=True)
+                job.future.set_exception(QueueTimeout(why))
         self._queued_items = 0
 
     async def submit(self, items: Sequence[Any]) -> tuple[list[float], int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 import prometheus_client
 
@@ -208,7 +209,7 @@ class RewardService:
             await self.follower.stop()
         try:
             if self.config.save_on_stop and self.config.role == "trainer" and self.runner.alive:
-                save = lambda: self.runner.save_if_unsaved("stop")  # noqa: E731
+                save = partial(self.runner.save_if_unsaved, "stop")
                 # Without its loop (it died on a bug) the batcher submits nothing more: the save goes to the runner,
                 # which runs it after whatever it was given, so the updates it applied are not lost.
                 await (self.batcher.run_exclusive(save) if self.batcher.running else save())
