@@ -691,6 +691,15 @@ class AlarmConfig(StrictModel):
     threshold: float | None = Field(default=None, ge=0)
     """The CUSUM threshold h itself, instead of the one calibrated for `false_alarm_rate` (for a threshold fitted on
     one's own runs)."""
+    false_positive_margin: float = Field(default=0.1, ge=0, lt=1)
+    """The absolute check (cooper/evaluation/exploit_check.py), which needs no baseline and so sees a reward model
+    exploited from the first step: it raises when the share of verifier-rejected rollouts that VerifyRM accepts runs
+    above a bound, the upper 95% limit of its false-positive rate on eval.rm_benchmark_path's wrong items at the
+    initial evaluation plus this margin (for the verifier's false negatives and wrong answers unlike the
+    benchmark's). Without eval.rm_benchmark_path or `false_positive_bound` the check is off."""
+    false_positive_bound: float | None = Field(default=None, gt=0, lt=1)
+    """The absolute check's bound itself (e.g. from `cooper eval-rm`'s false_positive_rate, plus a margin), instead
+    of the one from eval.rm_benchmark_path."""
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -18,57 +18,46 @@ Signals, each in the direction a hack moves it (SIGNALS):
   divided by sqrt(KL from the initial policy) where the run measures KL, so that honest drift of a policy that
   moves far is not read as a hack (proxy minus gold per unit of distance, their coordinates).
 
-The test: a baseline mean and spread of each signal fitted on the first `baseline_steps` steps; then per signal a
-one-sided CUSUM of the standardised excess z_t, S_t = max(0, S_{t-1} + z_t - k). The alarm raises when any S_t
-exceeds h. It clears (hysteresis) only once, for every signal, the mean z over the last `clear_steps` steps is back
-under k, that is once the run has stopped adding evidence; then the sums restart from zero. (Waiting for a sum to
-fall back under h would hold the alarm for about S/k steps after the cause is gone, hundreds after a large hack.)
+The test: a baseline fitted on the first `baseline_steps` steps, per signal its mean, spread and AR(1) correlation
+(cooper/evaluation/alarm_threshold.py: one policy moves slowly, so a step resembles the last); then per signal a
+one-sided CUSUM of what each step adds beyond the last step's prediction, in units of its own spread, z_t:
+S_t = max(0, S_{t-1} + z_t - k). The alarm raises when any S_t exceeds h. It clears (hysteresis) only once, for
+every signal, the mean standardised level (value minus baseline mean, in spreads) over the last `clear_steps` steps
+is back under k, that is once the run has stopped adding evidence; then the sums restart from zero. (Waiting for a
+sum to fall back under h would hold the alarm for about S/k steps after the cause is gone, hundreds after a large
+hack.)
 
-h comes from the false-alarm rate asked for, with the baseline's own uncertainty in it: a mean fitted on 20 steps
-is off by about a fifth of a spread, which a CUSUM sums step after step (textbook thresholds, which assume the
-in-control mean known, then raise false alarms in about half of 400-step runs). So h is the (1 - false_alarm_rate)
-quantile of the run's highest statistic over simulated in-control runs that fit their baseline the same way:
-i.i.d. normal signals, `baseline_steps` to fit, `run_steps` to watch (`threshold_for`, seeded, computed once per
-setting). Real signals are neither normal nor independent; the runs in docs/experiments.md measure what that costs.
+h comes from the false-alarm rate asked for, with the baseline's own uncertainty and the signals' dependence in it:
+the (1 - false_alarm_rate) quantile of the run's highest statistic over simulated in-control runs whose steps
+follow an AR(1) with the correlations fitted on this run's baseline and that fit their baseline the same way
+(`threshold_for`, seeded, cached per rounded correlation). Textbook thresholds assume the in-control mean known and
+independent steps: the first raised false alarms in about half of 400-step runs, the second in 60% at correlation
+0.6 (docs/alarm.md).
+
+Beside the CUSUMs, an absolute check that needs no baseline (cooper/evaluation/exploit_check.py): the rollouts
+VerifyRM accepts and the verifier rejects, against a bound from VerifyRM's own validation before training. It
+watches from the first step, so it can raise during the baseline; a relative test cannot see a hack present from
+the start.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cooper.evaluation.alarm_threshold import MAX_CORRELATION, BaselineFit, fit_baseline, threshold_for
+from cooper.evaluation.exploit_check import ExploitCheck, check_threshold, false_positive_bound, step_counts
+
 # signal -> +1 when a hack moves it up, -1 when down
 SIGNALS: dict[str, int] = {"rm_false_positive_share": 1, "rm_auroc": -1, "reward_accuracy_gap": 1}
 KL_KEY = "kl_from_initial"
-SIMULATED_RUNS = 1000
 MIN_AUROC_SUPPORT = 4
-
-
-@functools.lru_cache(maxsize=16)
-def threshold_for(false_alarm_rate: float, baseline_steps: int, run_steps: int, signals: int, drift: float) -> float:
-    """The h at which an in-control run (module docstring) raises a false alarm with probability
-    `false_alarm_rate`: that quantile of the run maximum over SIMULATED_RUNS seeded simulations."""
-    if not 0 < false_alarm_rate < 1:
-        raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
-    rng = random.Random(0)
-    maxima = []
-    for _ in range(SIMULATED_RUNS):
-        highest = 0.0
-        for _ in range(signals):
-            baseline = [rng.gauss(0.0, 1.0) for _ in range(baseline_steps)]
-            mean, spread = statistics.fmean(baseline), statistics.stdev(baseline)
-            total = 0.0
-            for _ in range(run_steps - baseline_steps):
-                total = max(0.0, total + (rng.gauss(0.0, 1.0) - mean) / spread - drift)
-                highest = max(highest, total)
-        maxima.append(highest)
-    maxima.sort()
-    return maxima[min(len(maxima) - 1, math.ceil((1 - false_alarm_rate) * len(maxima)) - 1)]
+CORRELATION_CAUTION = 0.05  # h is taken at the fitted correlation plus this (AlarmSettings.threshold_at)
+EXPLOIT = "rm_accepts_verifier_rejects"  # the absolute check's name among the statistics and as a trigger
+VALIDATION_RATE, VALIDATION_NEGATIVES = "rm_bench_initial/false_positive_rate", "rm_bench_initial/negatives"
 
 
 @dataclass(frozen=True)
@@ -80,6 +69,8 @@ class AlarmSettings:
     min_spread: float = 0.05  # a floor on a signal's baseline spread: 20 steps can look near-constant by chance
     clear_steps: int = 10
     fixed_threshold: float | None = None  # h itself, instead of the one calibrated for false_alarm_rate
+    false_positive_margin: float = 0.1  # the absolute check's bound: the validation's upper limit plus this
+    false_positive_bound: float | None = None  # the bound itself; None: from the step-0 record's validation
 
     def __post_init__(self) -> None:
         if self.baseline_steps < 2:
@@ -88,14 +79,31 @@ class AlarmSettings:
             raise ValueError(f"false_alarm_rate must be in (0, 1), got {self.false_alarm_rate}")
         if self.drift <= 0 or self.min_spread <= 0 or self.clear_steps < 1:
             raise ValueError("drift and min_spread must be > 0, clear_steps >= 1")
+        if not 0 <= self.false_positive_margin < 1:
+            raise ValueError(f"false_positive_margin must be in [0, 1), got {self.false_positive_margin}")
+        if self.false_positive_bound is not None and not 0 < self.false_positive_bound < 1:
+            raise ValueError(f"false_positive_bound must be in (0, 1), got {self.false_positive_bound}")
         if self.run_steps <= self.baseline_steps:
             raise ValueError(f"run_steps ({self.run_steps}) must exceed baseline_steps ({self.baseline_steps})")
 
     @property
     def threshold(self) -> float:
+        """h before the baseline is fitted: for independent steps."""
+        return self.threshold_at(())
+
+    def threshold_at(self, correlations: tuple[float, ...]) -> float:
+        """h for the fitted signals' correlations (the others independent)."""
         if self.fixed_threshold is not None:
             return self.fixed_threshold
-        return threshold_for(self.false_alarm_rate, self.baseline_steps, self.run_steps, len(SIGNALS), self.drift)
+        # A third of a 30-step fit's standard error above it: h rises faster with the correlation than it falls,
+        # so an under-estimate costs more false alarms than an over-estimate saves (0.15 against 0.12 at 0.3).
+        cautious = tuple(sorted(round(min(MAX_CORRELATION, c + CORRELATION_CAUTION), 2) for c in correlations))
+        return threshold_for(self.false_alarm_rate, self.baseline_steps, self.run_steps, len(SIGNALS), self.drift,
+                             cautious)
+
+    @property
+    def exploit_threshold(self) -> float:
+        return check_threshold(self.run_steps, self.false_alarm_rate)
 
 
 def _defined(value: Any) -> bool:
@@ -124,10 +132,12 @@ def signal_values(record: Mapping[str, Any]) -> dict[str, float]:
 @dataclass
 class Observation:
     step: int
-    state: str  # "baseline" (still fitting), "clear" or "alarm"
+    state: str  # "baseline" (still fitting, nothing raised), "clear" or "alarm"
     raised: bool  # the alarm went up at this step
     cleared: bool  # the alarm went down at this step
-    statistics: dict[str, float]  # each signal's CUSUM, in units of the threshold's own (compare with `threshold`)
+    # each signal's CUSUM and, with a bound, the absolute check's (EXPLOIT) rescaled to h: all compare with
+    # `threshold`
+    statistics: dict[str, float]
     threshold: float
     trigger: str | None  # the signal whose statistic is highest while alarmed
 
@@ -139,57 +149,105 @@ class HackingAlarm:
     settings: AlarmSettings = field(default_factory=AlarmSettings)
     baseline: dict[str, list[float]] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
-    fitted: dict[str, tuple[float, float]] = field(default_factory=dict)  # signal -> (mean, spread)
-    recent: dict[str, list[float]] = field(default_factory=dict)  # each signal's last clear_steps excesses z
+    fitted: dict[str, BaselineFit] = field(default_factory=dict)
+    recent: dict[str, list[float]] = field(default_factory=dict)  # each signal's last clear_steps levels
     alarmed: bool = False
     steps_seen: int = 0
+    previous: dict[str, float] = field(default_factory=dict)  # each signal's last value, for the AR(1) prediction
+    bound: float | None = None  # the absolute check's p0, once known
+    exploit_sum: float = 0.0
+    exploit_recent: list[float] = field(default_factory=list)  # its last clear_steps steps' evidence
+
+    def __post_init__(self) -> None:
+        if self.bound is None:
+            self.bound = self.settings.false_positive_bound
+
+    @property
+    def threshold(self) -> float:
+        """h: for independent steps until the baseline is fitted, then for its fitted correlations."""
+        return self.settings.threshold_at(tuple(fit.correlation for fit in self.fitted.values()))
 
     def observe(self, step: int, record: Mapping[str, Any]) -> Observation:
         values = signal_values(record)
-        threshold = self.settings.threshold
         self.steps_seen += 1
-        if self.steps_seen <= self.settings.baseline_steps:
+        in_baseline = self.steps_seen <= self.settings.baseline_steps
+        self._check_exploit(record)
+        if in_baseline:
             for name, value in values.items():
                 self.baseline.setdefault(name, []).append(value)
+                self.previous[name] = value
             if self.steps_seen == self.settings.baseline_steps:
                 self._fit()
-            return Observation(step, "baseline", False, False, {}, threshold, None)
-        for name, value in values.items():
-            if name not in self.fitted:
-                continue  # never defined during the baseline: nothing to compare against
-            mean, spread = self.fitted[name]
-            excess = SIGNALS[name] * (value - mean) / spread
-            self.sums[name] = max(0.0, self.sums.get(name, 0.0) + excess - self.settings.drift)
-            self.recent[name] = (self.recent.get(name, []) + [excess])[-self.settings.clear_steps :]
+        else:
+            for name, value in values.items():
+                fit = self.fitted.get(name)
+                if fit is None:
+                    continue  # never defined during the baseline: nothing to compare against
+                excess = SIGNALS[name] * fit.residual(value, self.previous.get(name, fit.mean))
+                self.previous[name] = value
+                self.sums[name] = max(0.0, self.sums.get(name, 0.0) + excess - self.settings.drift)
+                level = SIGNALS[name] * (value - fit.mean) / fit.spread
+                self.recent[name] = (self.recent.get(name, []) + [level])[-self.settings.clear_steps :]
+        threshold = self.threshold
+        statistics_now = dict(self.sums)
+        if self.bound is not None:
+            statistics_now[EXPLOIT] = self.exploit_sum * threshold / self.settings.exploit_threshold
         raised = cleared = False
-        if not self.alarmed and max(self.sums.values(), default=0.0) > threshold:
+        over = max(self.sums.values(), default=0.0) > threshold or self.exploit_sum > self.settings.exploit_threshold
+        if not self.alarmed and over:
             self.alarmed = raised = True
-            self.recent = {}  # the clearing window starts at the alarm
+            self.recent, self.exploit_recent = {}, []  # the clearing windows start at the alarm
         elif self.alarmed and self._settled():
             self.alarmed, cleared = False, True
             self.sums = {name: 0.0 for name in self.sums}
-        trigger = max(self.sums, key=self.sums.__getitem__) if self.alarmed and self.sums else None
-        return Observation(step, "alarm" if self.alarmed else "clear", raised, cleared, dict(self.sums), threshold,
-                           trigger)
+            self.exploit_sum = 0.0
+            statistics_now = {name: 0.0 for name in statistics_now}
+        trigger = max(statistics_now, key=statistics_now.__getitem__) if self.alarmed and statistics_now else None
+        state = "alarm" if self.alarmed else "baseline" if in_baseline else "clear"
+        return Observation(step, state, raised, cleared, statistics_now if not in_baseline or self.bound else {},
+                           threshold, trigger)
+
+    def _check_exploit(self, record: Mapping[str, Any]) -> None:
+        """The absolute check's step: its bound from the first record that carries the validation (step 0's,
+        with eval.rm_benchmark_path), then the CUSUM of each step's evidence."""
+        if self.bound is None and _defined(record.get(VALIDATION_RATE)) and record.get(VALIDATION_NEGATIVES):
+            self.bound = false_positive_bound(float(record[VALIDATION_RATE]), int(record[VALIDATION_NEGATIVES]),
+                                              self.settings.false_positive_margin)
+        counts = step_counts(record)
+        if self.bound is None or counts is None:
+            return
+        evidence = ExploitCheck(self.bound).evidence(*counts)
+        self.exploit_sum = max(0.0, self.exploit_sum + evidence)
+        self.exploit_recent = (self.exploit_recent + [evidence])[-self.settings.clear_steps :]
 
     def _settled(self) -> bool:
-        windows = self.recent.values()
-        return bool(self.recent) and all(len(w) == self.settings.clear_steps and statistics.fmean(w) < self.settings.drift
-                                         for w in windows)
+        """Every fitted signal's mean level over clear_steps back under k, and the absolute check's evidence over
+        clear_steps for its bound rather than against it."""
+        clear_steps, drift = self.settings.clear_steps, self.settings.drift
+        relative = not self.fitted or (bool(self.recent) and all(
+            len(w) == clear_steps and statistics.fmean(w) < drift for w in self.recent.values()))
+        absolute = self.bound is None or (len(self.exploit_recent) == clear_steps and sum(self.exploit_recent) <= 0)
+        return relative and absolute
 
     def _fit(self) -> None:
         for name, values in self.baseline.items():
             if len(values) >= 2:
-                self.fitted[name] = (statistics.fmean(values),
-                                     max(statistics.stdev(values), self.settings.min_spread))
+                self.fitted[name] = fit_baseline(values, self.settings.min_spread)
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to go on where this one stopped (JSON-serialisable)."""
-        return {"baseline": self.baseline, "sums": self.sums, "fitted": {k: list(v) for k, v in self.fitted.items()},
-                "recent": self.recent, "alarmed": self.alarmed, "steps_seen": self.steps_seen}
+        return {"baseline": self.baseline, "sums": self.sums,
+                "fitted": {k: [v.mean, v.spread, v.correlation, v.residual_spread] for k, v in self.fitted.items()},
+                "recent": self.recent, "alarmed": self.alarmed, "steps_seen": self.steps_seen,
+                "previous": self.previous, "bound": self.bound, "exploit_sum": self.exploit_sum,
+                "exploit_recent": self.exploit_recent}
 
     @classmethod
     def from_state(cls, settings: AlarmSettings, state: Mapping[str, Any]) -> HackingAlarm:
+        """A saved state; one saved before correlations and the absolute check (a fit of mean and spread only)
+        goes on as independent steps with no bound unless the settings give one."""
         return cls(settings, {k: list(v) for k, v in state["baseline"].items()}, dict(state["sums"]),
-                   {k: (v[0], v[1]) for k, v in state["fitted"].items()},
-                   {k: list(v) for k, v in state["recent"].items()}, bool(state["alarmed"]), int(state["steps_seen"]))
+                   {k: BaselineFit(*v) for k, v in state["fitted"].items()},
+                   {k: list(v) for k, v in state["recent"].items()}, bool(state["alarmed"]), int(state["steps_seen"]),
+                   dict(state.get("previous", {})), state.get("bound"), float(state.get("exploit_sum", 0.0)),
+                   list(state.get("exploit_recent", [])))

@@ -137,6 +137,8 @@ class JudgeReport:
     by_type: dict[str, dict[str, float]]  # answer type -> {"n", "accuracy"}
     says_correct: float  # share of items the judge calls correct
     auroc: float | None = None
+    false_positive_rate: float | None = None  # share of the wrong items (gold_correct false) it calls correct
+    negatives: int = 0  # how many wrong items that share is of
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,9 +156,12 @@ def judge_report(items: Sequence[BenchItem], says_correct: Sequence[bool],
     for answer_type in sorted({item.answer_type for item in items}):
         rows = [hit for hit, item in zip(hits, items, strict=True) if item.answer_type == answer_type]
         by_type[answer_type] = {"n": len(rows), "accuracy": sum(rows) / len(rows)}
+    accepted_wrong = [said for said, item in zip(says_correct, items, strict=True) if not item.gold_correct]
     return JudgeReport(
         accuracy=sum(hits) / len(hits), by_type=by_type, says_correct=sum(says_correct) / len(says_correct),
         auroc=None if scores is None else auroc(scores, [item.gold_correct for item in items]),
+        false_positive_rate=sum(accepted_wrong) / len(accepted_wrong) if accepted_wrong else None,
+        negatives=len(accepted_wrong),
     )
 
 

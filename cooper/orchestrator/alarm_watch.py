@@ -60,7 +60,9 @@ class AlarmWatch:
                      ", ".join(skipped), config.run.mode)
         self.settings = AlarmSettings(baseline_steps=alarm.baseline_steps, drift=alarm.drift,
                                       false_alarm_rate=alarm.false_alarm_rate, run_steps=config.run.steps,
-                                      clear_steps=alarm.clear_steps, fixed_threshold=alarm.threshold)
+                                      clear_steps=alarm.clear_steps, fixed_threshold=alarm.threshold,
+                                      false_positive_margin=alarm.false_positive_margin,
+                                      false_positive_bound=alarm.false_positive_bound)
         self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
         state = store.state()
         self.latched = bool(state.get(LATCHED_KEY))

@@ -87,6 +87,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         record["rm_auroc"] = auroc(logits, correct)
         record["rm_auroc_support"] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
         record["rm_false_positive_rate"] = false_positive_rate(logits, correct, threshold=0.0)
+        record["rollouts"] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
     if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
         record["alarm/rolled_back_to"] = pu["rolled_back_to"]
     for key, value in pu["metrics"].items():

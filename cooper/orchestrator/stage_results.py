@@ -101,6 +101,8 @@ class RmBenchResult(TypedDict):
     accuracy: float
     auroc: float
     reward_version: int
+    false_positive_rate: NotRequired[float | None]  # of its wrong items, accepted; the alarm's bound comes from it
+    negatives: NotRequired[int]  # how many wrong items
 
 
 class EvaluationResult(StageResult):

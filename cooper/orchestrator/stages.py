@@ -361,7 +361,8 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     # every AUROC comparison.
     probabilities = [logit_to_reward(logit) for logit in scored.logits] if scored.logits else list(scored.scores)
     report = reward_model_report(ctx.rm_bench, probabilities)
-    return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version}
+    return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version,
+            "false_positive_rate": report.false_positive_rate, "negatives": report.negatives}
 
 
 STAGES: dict[str, Callable[[StageContext, int], StageResult]] = {
