@@ -1,6 +1,6 @@
 """One Cooper step, in-process vs through the services and Redis: what the orchestration costs per step.
 
-    python bench/step.py [--steps 6] [--warmup 1] [--mode cooper] [--repeats 1] [--save-every 1]
+    python bench/step.py [--steps 6] [--warmup 1] [--mode cooper] [--repeats 1] [--no-saving]
                          [--workers 3] [--what-if reward-threads,fsync|all] [--only a|b]
 
 Both sides run the same `configs/tiny.yaml` steps (the `tiny-sft` policy, the `tiny-rm` VerifyRM, the same
@@ -22,12 +22,10 @@ prompts, prompt template and sampling seeds via `stages.step_seed`), with evalua
     service start-up, model loading and the warm-up steps are excluded. With stage 2 (verify, negatives,
     reward_update) running while the policy trains, that interval is the pipelined cost of one step.
 
-Checkpoints: `cooper train` starts the reward service with `save_every=1` (a checkpoint after every Update) and the
-policy with its journal and a background checkpoint every `policy.save_every` updates, so a killed run resumes
-exactly. By default (a) does the same (PolicyCore journals and saves in `train`; VerifyRM is saved with the reward
-service's checkpoint function after every applied update); `--save-every 0` turns saving off on both sides (the
-policy's journal too; for (b) by dropping the reward's `save_every` override of `launch.local_overrides` in this
-process).
+Checkpoints: `cooper train` starts the policy and the reward service each with its update journal and a background
+checkpoint every `save_every` updates (cooper/runtime/durability.py), so a killed run resumes exactly. By default (a)
+does the same (PolicyCore and RewardCore journal and save in `train` and `apply_update`); `--no-saving` turns
+journals and checkpoints off on both sides (`save_every=0`, `journal=false` for both services).
 
 Threads: the tiny preset sets `policy.torch_threads: 1`. In (a) that is process-wide, so VerifyRM also runs on one
 thread; in (b) the reward service sets no thread count and torch uses its default (the number of cores).
@@ -61,15 +59,15 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("rollout", "verify", "score", "policy_update", "negatives", "reward_update")
 
 
-def bench_config(base: Path, mode: str, total_steps: int, out: Path, save_every: int, extra: list[str]) -> Any:
+def bench_config(base: Path, mode: str, total_steps: int, out: Path, saving: bool, extra: list[str]) -> Any:
     from cooper.config import load_config
 
     overrides = [f"run.mode={mode}", f"run.steps={total_steps}", "run.checkpoint_every=0", "eval.every=0",
                  f"run.output_dir={out}", "run.name=bench",
-                 # (a) reads these; (b) gets them from launch.local_overrides (save_every=1, run-local dirs).
-                 f"policy.checkpoint_dir={out / 'inproc' / 'policy'}",
-                 *([] if save_every else ["policy.save_every=0", "policy.journal=false"]),
-                 f"reward.checkpoint_dir={out / 'inproc' / 'reward'}", f"reward.save_every={save_every}", *extra]
+                 # (a) reads these; (b) gets its run-local directories from launch.local_overrides.
+                 f"policy.checkpoint_dir={out / 'inproc' / 'policy'}", f"reward.checkpoint_dir={out / 'inproc' / 'reward'}",
+                 *([] if saving else ["policy.save_every=0", "policy.journal=false", "reward.save_every=0",
+                                      "reward.journal=false"]), *extra]
     return load_config(base, overrides, environ={})
 
 
@@ -78,13 +76,12 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, save_every:
 def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.data import StepData, load_data, prompt_text
     from cooper.orchestrator.stages import step_seed
-    from cooper.runtime.checkpoint import REWARD, save_checkpoint
-    from cooper.runtime.models import resolve_model
     from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.trainer import RolloutSample
-    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, VerifyRM, logit_to_reward
+    from cooper.services.reward.core import RewardCore
+    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, logit_to_reward
     from cooper.services.verifier.pool import WARM_UP
     from cooper.services.verifier.rules import ReferenceCache, Verdict, check
 
@@ -92,13 +89,11 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     rows, _ = load_data(config)
     data = StepData(rows, config.run.batch_size, config.run.seed)
     core = PolicyCore(config.policy)  # sets torch threads (1 in the tiny preset) for this whole process
-    rm = None
-    if mode != "rule":
-        rm = VerifyRM.load(resolve_model(rcfg.model, "reward"), rcfg.optim, rcfg.max_length, rcfg.device, rcfg.dtype)
+    reward_core = RewardCore.load(rcfg) if mode != "rule" else None
+    rm = reward_core.rm if reward_core else None
     cache = ReferenceCache()
     for completion, reference in WARM_UP:  # the pool's workers warm math-verify up before serving; so do we
         check(completion, reference, vcfg.timeout_s, vcfg.max_chars)
-    rm_updates = 0
 
     def verify_one(completion: str, reference: str) -> Any:
         return check(completion, reference, vcfg.timeout_s, vcfg.max_chars, cache)
@@ -159,12 +154,7 @@ def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
             times["negatives"] = time.perf_counter() - start
 
             start = time.perf_counter()
-            stats = rm.update(prefs)
-            rm_updates += 1
-            if not stats.skipped and rcfg.save_every and rm.version % rcfg.save_every == 0:
-                save_checkpoint(rcfg.checkpoint_dir, rm.model, rm.tokenizer, rm.optimizer_state(),
-                                {"version": rm.version, "updates": rm_updates, "model": rcfg.model, "tag": "",
-                                 "results": {}}, rcfg.keep_checkpoints, layout=REWARD)
+            reward_core.apply_update(f"bench/{t}", prefs)  # journals, and checkpoints when reward.save_every says
             times["reward_update"] = time.perf_counter() - start
             pairs = len(prefs)
 
@@ -212,7 +202,7 @@ WHAT_IF = {"reward-threads": _reward_threads, "fsync": _fsync_everysec}
 
 # ----- (b) services and Redis -------------------------------------------------------------------------------------------
 
-def run_services(config: Any, warmup: int, save_every: int, workers: int = 3, what_if: tuple[str, ...] = ()
+def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str, ...] = ()
                  ) -> dict[str, Any]:
     from cooper.orchestrator import launch, stages
     from cooper.orchestrator import run as run_module
@@ -237,18 +227,11 @@ def run_services(config: Any, warmup: int, save_every: int, workers: int = 3, wh
             logged[record["step"]] = time.perf_counter()  # the driver found step `step` complete
             super().write(record)
 
-    original_overrides = launch.local_overrides
-
-    def overrides_without_saving(cfg: Any, run_dir: Path) -> list[str]:
-        return [o for o in original_overrides(cfg, run_dir) if ".save_every=" not in o]
-
     started = time.perf_counter()
     with contextlib.ExitStack() as undo:
         patch(undo, run_module, "MetricsLog", TimedMetricsLog)
         stages.STAGES.update({name: timed(name, fn) for name, fn in original_stages.items()})
         undo.callback(stages.STAGES.update, original_stages)
-        if save_every == 0:
-            patch(undo, launch, "local_overrides", overrides_without_saving)
         for name in what_if:
             WHAT_IF[name](undo)
         with contextlib.redirect_stdout(sys.stderr):  # the summary table; stdout ends with our JSON line
@@ -288,8 +271,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="measured steps (after the warm-up steps)")
     parser.add_argument("--warmup", type=int, default=1, help="steps run first and left out of every figure")
     parser.add_argument("--repeats", type=int, default=1, help="(a, b) pairs, alternating which runs first")
-    parser.add_argument("--save-every", type=int, choices=[0, 1], default=1,
-                        help="1: a checkpoint per update on both sides, as `cooper train` does; 0: none on either")
+    parser.add_argument("--no-saving", action="store_true",
+                        help="no update journals and no checkpoints on either side (default: both services journal "
+                             "every update and checkpoint every save_every updates, as `cooper train` does)")
     parser.add_argument("--workers", type=int, default=3, help="stage worker threads in (b) (launch.train's default)")
     parser.add_argument("--what-if", default="", help=f"comma-separated fixes to try in (b): {', '.join(WHAT_IF)}, all")
     parser.add_argument("--only", choices=["a", "b"], help="run one side only (for profiling)")
@@ -316,11 +300,11 @@ def main() -> None:
         got: dict[str, dict[str, Any]] = {}
         for side in order:
             with tempfile.TemporaryDirectory(prefix=f"bench-step-{side}-") as tmp:
-                config = bench_config(args.config, args.mode, total, Path(tmp), args.save_every, args.overrides)
+                config = bench_config(args.config, args.mode, total, Path(tmp), not args.no_saving, args.overrides)
                 if side == "a":
                     got[side] = run_inprocess(config, args.warmup)
                 else:
-                    got[side] = run_services(config, args.warmup, args.save_every, args.workers, what_if)
+                    got[side] = run_services(config, args.warmup, args.workers, what_if)
             print(f"repeat {repeat} {side}: {json.dumps(medians(got[side]['steps']))}", file=sys.stderr)
         if "a" in got:
             a_steps += got["a"]["steps"]
@@ -336,7 +320,7 @@ def main() -> None:
             per_repeat.append(round((b_step - a_step) / a_step, 3))
 
     result: dict[str, Any] = {"bench": "step", "mode": args.mode, "steps": args.steps, "warmup": args.warmup,
-                              "repeats": args.repeats, "save_every": args.save_every}
+                              "repeats": args.repeats, "saving": not args.no_saving}
     if what_if:
         result["what_if"] = list(what_if)
     if a_steps:

@@ -199,7 +199,47 @@ class ReplicaConfig(StrictModel):
     balancer sends its traffic to replicas that are current."""
 
 
-class RewardConfig(StrictModel):
+class TrainerDurability(StrictModel):
+    """What a training service (policy, reward) keeps on disk so that a restart loses nothing: the same settings and
+    the same mechanism (cooper/runtime/durability.py) for both; docs/operations.md, "When things die"."""
+
+    save_every: int = Field(default=10, ge=0)
+    """Write a full checkpoint (weights, optimizer state, the service's bookkeeping) every N updates; 0 only on
+    Save() and on stop. With the journal a restart loses no update whatever N is: N only bounds how many updates a
+    restart applies again (at most N - 1) and how long the journal grows. With save_in_background the training path
+    pays only for an in-memory copy (bench/checkpoint.py)."""
+    save_in_background: bool = True
+    """Write the periodic checkpoints on a thread of their own from an in-memory copy of the state, taken on the
+    training path, so the next updates run while it is written (at most one in flight: a save waits for the one
+    before). The copy costs host memory the size of the checkpoint (float32 weights and two AdamW moments). False
+    writes on the training path. Save() and the stop save always write before they answer."""
+    journal: bool = True
+    """Append every applied update (what applying it again needs: the policy's rollout and rewards, VerifyRM's
+    preference pairs; and the result answered) to a write-ahead journal in checkpoint_dir/journal, fsynced before the
+    service answers; a restarted service loads its newest checkpoint and applies the journaled updates after it
+    again, in order, so it comes back at the update it last answered and none is lost or applied twice (on one CPU
+    kind the state is bit-identical to an uninterrupted run's). Entries are deleted once a checkpoint that includes
+    them is on disk, so it needs save_every >= 1."""
+    keep_checkpoints: int = Field(default=3, ge=1)
+    """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save (the newest, which a resume
+    needs, never is)."""
+    save_on_stop: bool = True
+    """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
+    were applied since the last one, so that a restart applies nothing again."""
+
+    @model_validator(mode="after")
+    def _journal_needs_periodic_checkpoints(self) -> TrainerDurability:
+        if self.journal and self.save_every == 0:
+            service = "policy" if isinstance(self, PolicyConfig) else "reward"
+            raise ValueError(
+                f"{service}.journal with {service}.save_every 0: the journal is emptied only when a checkpoint is "
+                f"written, so without periodic checkpoints it would grow for the whole run; set {service}.save_every "
+                f"(e.g. 10) or {service}.journal=false"
+            )
+        return self
+
+
+class RewardConfig(TrainerDurability):
     """VerifyRM: scoring, online Bradley-Terry updates, versions."""
 
     role: Literal["trainer", "replica"] = "trainer"
@@ -263,13 +303,7 @@ class RewardConfig(StrictModel):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
     checkpoint_dir: str = "checkpoints/reward"
-    """Where checkpoints go; start-up resumes from the latest one there."""
-    save_every: int = Field(default=0, ge=0)
-    """Write a checkpoint every N updates; 0 only on Save()."""
-    keep_checkpoints: int = Field(default=3, ge=1)
-    """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save."""
-    save_on_stop: bool = True
-    """On a graceful stop (SIGTERM), write a checkpoint if updates were applied since the last one."""
+    """Where checkpoints and the update journal go; start-up resumes from them."""
 
     @model_validator(mode="after")
     def _copies_are_processes(self) -> RewardConfig:
@@ -353,7 +387,7 @@ class PolicyDistributedConfig(StrictModel):
     keeps the sum over ranks as exact as one rank's; bfloat16 halves the traffic."""
 
 
-class PolicyConfig(StrictModel):
+class PolicyConfig(TrainerDurability):
     """The policy: rollout engine and GRPO trainer."""
 
     server: PolicyServerConfig = Field(default_factory=PolicyServerConfig)
@@ -383,29 +417,7 @@ class PolicyConfig(StrictModel):
     optim: PolicyOptimConfig = Field(default_factory=lambda: PolicyOptimConfig())
     """Optimizer (paper: lr 1e-6, 20 warm-up steps, wd 0.01, clip 1.0)."""
     checkpoint_dir: str = "checkpoints/policy"
-    """Where checkpoints go; start-up resumes from the latest one there."""
-    save_every: int = Field(default=10, ge=0)
-    """Write a full checkpoint (weights and AdamW state) every N updates; 0 only on Save() and on stop. With
-    policy.journal a restart loses no update whatever N is: N only bounds how many updates a restart applies again
-    (at most N - 1) and how long the journal grows. With policy.save_in_background the training path pays only for
-    an in-memory copy (docs/operations.md, "When things die"; bench/checkpoint.py)."""
-    save_in_background: bool = True
-    """Write the periodic checkpoints on a thread of their own from an in-memory copy of the state, taken on the
-    training path, so the next updates run while it is written (at most one in flight: a save waits for the one
-    before). The copy costs host memory the size of the checkpoint (float32 weights and two AdamW moments). False
-    writes on the training path. Save() and the stop save always write before they answer."""
-    journal: bool = True
-    """Append every applied Train (its rollout, rewards and the result answered) to a write-ahead journal in
-    checkpoint_dir/journal, fsynced before Train answers; a restarted service loads its newest checkpoint and applies
-    the journaled updates after it again, in order, so it comes back at the version it last answered and no update
-    is lost or applied twice (on one CPU kind the weights are bit-identical to an uninterrupted run's). Entries are
-    deleted once a checkpoint that includes them is on disk, so it needs policy.save_every >= 1."""
-    keep_checkpoints: int = Field(default=3, ge=1)
-    """Newest checkpoints kept in checkpoint_dir; older ones are deleted after each save (the newest, which a resume
-    needs, never is)."""
-    save_on_stop: bool = True
-    """On a graceful stop (SIGTERM: `docker compose down` or `restart`, a pod rolled), write a checkpoint if updates
-    were applied since the last one, so that the service comes back at the version the run recorded."""
+    """Where checkpoints and the update journal go; start-up resumes from them."""
     world_size: int | Literal["auto"] = 1
     """Training ranks. 1 trains in the service process. N > 1 starts N-1 more processes beside it and trains with
     FSDP2 across all N: each rank holds a shard of the weights and optimizer and runs forward/backward on its share
@@ -434,16 +446,6 @@ class PolicyConfig(StrictModel):
             raise ValueError(
                 f"policy.device {self.device!r} with policy.engine=vllm: vLLM uses the first visible GPU; choose it "
                 f"with CUDA_VISIBLE_DEVICES={self.device.split(':', 1)[1]} and set policy.device=cuda:0 (or auto)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _journal_needs_periodic_checkpoints(self) -> PolicyConfig:
-        if self.journal and self.save_every == 0:
-            raise ValueError(
-                "policy.journal with policy.save_every 0: the journal is emptied only when a checkpoint is written, so "
-                "without periodic checkpoints it would grow for the whole run; set policy.save_every (e.g. 10) or "
-                "policy.journal=false"
             )
         return self
 

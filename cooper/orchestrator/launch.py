@@ -1,9 +1,9 @@
 """`cooper train`: prepare the run directory, start what is missing (Redis, services), run, report.
 
 Local services get free ports and checkpoints under the run directory, so that a killed run resumes exactly
-(`cooper train --resume RUN`): the policy journals every update between its periodic checkpoints (policy.journal,
-policy.save_every), the reward service still writes a checkpoint after every update (reward.save_every=1). With
-addresses in the config nothing is started.
+(`cooper train --resume RUN`): the policy and the reward service journal every update between their periodic
+checkpoints (`journal`, `save_every`; cooper/runtime/durability.py), with the same defaults as under compose and
+Kubernetes. With addresses in the config nothing is started.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ READABLE = "config.yaml"  # secrets masked: what people read
 
 
 def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
-    """Free ports and run-local checkpoints for every service this run starts; a checkpoint per update for the
-    reward service, which has no journal (the policy's journal makes its own cadence, policy.save_every, safe)."""
+    """Free ports and run-local checkpoints for every service this run starts."""
     out = []
     for name in services_needed(config.run.mode):
         if getattr(config, name).server.address:
@@ -41,7 +40,7 @@ def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
         if name in ("policy", "reward"):
             out += [f"{name}.checkpoint_dir={run_dir / 'checkpoints' / name}"]
         if name == "reward":
-            out += ["reward.save_every=1", "reward.http.port=0"]
+            out += ["reward.http.port=0"]
     return out
 
 

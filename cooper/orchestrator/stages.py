@@ -5,7 +5,7 @@ plain dataclasses), and returns a JSON-able result (its type in `stage_results`)
 by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure reads.
 
 Every job that touches a model checks that the model is at the version the run recorded (`expect_version`): a
-service restarted from a checkpoint behind the run (`save_every` > 1) would otherwise train step t on the
+service restarted from a checkpoint behind the run without its update journal would otherwise train step t on the
 weights of an earlier step, a mixture no metric would show. Such a job fails the run at once (InconsistentRun).
 """
 
@@ -137,10 +137,11 @@ def expect_version(service: str, actual: int, expected: int, job: str) -> None:
     where = "behind" if actual < expected else "ahead of"
     raise InconsistentRun(
         f"{job}: the {service} service's model is at version {actual}, but the run recorded version {expected}; "
-        f"its checkpoint is {where} the run (a restart from a checkpoint older than the last update, e.g. with "
-        f"{service}.save_every > 1, or another run's {service}.checkpoint_dir). Training on would mix two states, "
-        f"so the run stops. Put back the {service} checkpoint of version {expected} and resume, or start a new run; "
-        f"{service}.save_every=1 makes a restart lose nothing.")
+        f"its checkpoint is {where} the run (a restart from a checkpoint older than the last update without its "
+        f"update journal: {service}.journal=false, or its checkpoint_dir/journal lost; or another run's "
+        f"{service}.checkpoint_dir). Training on would mix two states, so the run stops. Put back the {service} "
+        f"checkpoint of version {expected} and resume, or start a new run; with {service}.journal (the default) a "
+        "restart loses nothing.")
 
 
 def expect_before_update(service: str, info: Any, expected: int, key: str, job: str) -> None:

@@ -9,15 +9,15 @@ place, the state file last, so a crash mid-write never leaves a directory that `
 The two services keep the rules they had, written down in their CheckpointLayout:
 
 - policy (POLICY, the default of every function here): `v<version>/state.json`. Saving a version again (Save
-  twice without an update) swaps the new directory in. Writes are fsynced, because the update journal deletes
-  its entries on the strength of a checkpoint on disk (cooper/runtime/journal.py).
+  twice without an update) swaps the new directory in.
 - reward (REWARD): `v<version>-u<updates>/cooper_state.json`. The name is unique per state (a skipped update
   counts), so a save never replaces a directory a read replica may be loading; saving an unchanged state again
   returns the existing one. Replicas list the directory for a newer checkpoint and read its weights (read_weights)
   while the trainer writes the next one or deletes old ones.
 
-A policy save can run off the training path: `snapshot_state` copies the weights and optimizer state to host
-memory between two updates, and `BackgroundSave` writes that copy on a thread of its own.
+Writes are fsynced in both, because the update journal deletes its entries on the strength of a checkpoint on disk
+(cooper/runtime/durability.py). A save can run off the training path: `snapshot_state` copies the weights and
+optimizer state to host memory between two updates, and `BackgroundSave` writes that copy on a thread of its own.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ import torch
 
 from cooper.runtime.journal import fsync_path
 
-log = logging.getLogger("cooper.policy")  # BackgroundSave's; only the policy saves in the background
-
 OPTIMIZER_FILE = "optimizer.pt"
 
 
@@ -51,16 +49,19 @@ class CheckpointLayout:
     state_file: str
     counts_updates: bool
     """Names carry the update count as well as the version, and a name, once written, is never replaced."""
-    fsync: bool
-    """Flush every file and the directory to disk before a save returns."""
 
     @property
     def pattern(self) -> re.Pattern[str]:
         return re.compile(r"v([0-9]+)-u([0-9]+)" if self.counts_updates else r"v([0-9]{8})")
 
+    def path(self, root: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+        """The directory a checkpoint of `state` (its "version", and "updates" when counted) has under `root`."""
+        updates = int(state["updates"]) if self.counts_updates else None
+        return Path(root) / checkpoint_name(int(state["version"]), updates)
 
-POLICY = CheckpointLayout("state.json", counts_updates=False, fsync=True)
-REWARD = CheckpointLayout("cooper_state.json", counts_updates=True, fsync=False)
+
+POLICY = CheckpointLayout("state.json", counts_updates=False)
+REWARD = CheckpointLayout("cooper_state.json", counts_updates=True)
 
 
 def checkpoint_name(version: int, updates: int | None = None) -> str:
@@ -78,8 +79,7 @@ def save_checkpoint(
     `snapshot_state` copy); the model then gives only its config."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    updates = int(state["updates"]) if layout.counts_updates else None
-    target = root / checkpoint_name(int(state["version"]), updates)
+    target = layout.path(root, state)
     if layout.counts_updates and target.exists():
         return target  # this very state is saved already
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
@@ -88,10 +88,9 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         (tmp / layout.state_file).write_text(json.dumps({**state, "saved_at": time.time()}, indent=1))
-        if layout.fsync:
-            for path in tmp.rglob("*"):
-                if path.is_file():
-                    fsync_path(path)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                fsync_path(path)
         if target.exists():
             # Saving the same version again: swap the directories so that a complete copy exists at every moment
             # except between the two renames.
@@ -102,8 +101,7 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(target)
-        if layout.fsync:
-            fsync_path(root)
+        fsync_path(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if keep is not None:
@@ -188,14 +186,16 @@ class BackgroundSave:
     raised: the update journal still holds every update since the last checkpoint on disk, so nothing is lost, and
     the next save tries again (the caller's `saved_version` does not move)."""
 
-    def __init__(self) -> None:
+    def __init__(self, service: str, log: logging.Logger):
+        self.service = service
+        self.log = log
         self._thread: threading.Thread | None = None
         self.failures = 0
 
     def start(self, write: Callable[[], None]) -> None:
         """Run `write` on a new thread, after the write in flight (if any) has finished."""
         self.wait()
-        self._thread = threading.Thread(target=self._run, args=(write,), name="policy-checkpoint", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(write,), name=f"{self.service}-checkpoint", daemon=True)
         self._thread.start()
 
     def _run(self, write: Callable[[], None]) -> None:
@@ -203,8 +203,8 @@ class BackgroundSave:
             write()
         except Exception:
             self.failures += 1
-            log.exception("policy: a background checkpoint failed; the journal keeps the updates since the last one "
-                          "on disk, and the next save tries again")
+            self.log.exception("%s: a background checkpoint failed; the journal keeps the updates since the last one "
+                               "on disk, and the next save tries again", self.service)
 
     def wait(self) -> None:
         """Return once no write is in flight."""

@@ -87,7 +87,7 @@ class UpdateJournal:
             if entry["after_key"] != last_key:
                 break
             found.append(entry)
-            last_key = entry["key"]
+            last_key = entry["key"] or last_key  # an update without a key leaves the last key as it was
         return found
 
     def prune(self, through: int) -> None:

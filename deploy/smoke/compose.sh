@@ -88,7 +88,8 @@ build_s=$(($(date +%s) - b0)) built=true
 say "images built in ${build_s}s"
 
 # 2. The compose file for this machine, and its .env: fresh secrets, the run's name, a free port on loopback.
-# save_every=1: a container stopped by `down` comes back at the version the run recorded (docs: "When things die").
+# The policy and the reward service journal every update: a container stopped or restarted mid-run comes back at the
+# version the run recorded (docs/operations.md: "When things die").
 python3 "$here/cpu_compose.py" "$repo/docker-compose.yml" -o "$work/docker-compose.yml" --cpus "${CPUS:-1}" \
   --env "COOPER_RUN__STEPS=$steps"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

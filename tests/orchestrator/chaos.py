@@ -4,9 +4,10 @@ Used by bench/chaos.py (40 steps, 3 seeds, both recipes) and test_chaos.py (one 
 service the run starts, the `cooper train` CLI and its embedded Redis. Stage workers are threads of the CLI
 (docs/design.md, section 8), so killing the CLI kills them too: there is no worker process to kill on its own. A
 kill that ends the CLI (the CLI itself, or Redis: the run stops with RunFailed) is followed by `cooper train
---resume`. A kill can also wait for a job of one stage to be running and land inside it (`Kill.during`): the
-generator while it writes a step's negatives, or the policy while it samples an evaluation; one that finds no such
-job, or lands after the job ended, did not land, and counts against the run.
+--resume`. A kill can also wait for a job of one stage to be running and land inside it (`Kill.during`): the policy
+in the middle of a GRPO update and the reward service in the middle of a Bradley-Terry update (every run: what their
+update journals are for), the generator while it writes a step's negatives, or the policy while it samples an
+evaluation; one that finds no such job, or lands after the job ended, did not land, and counts against the run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ RECIPES = {
 }
 """The tiny preset's variant (negatives from the policy's own rejected rollouts: the generator is started but never
 called) and the paper's recipe (the generator writes every negative; docs/experiments.md, section 0)."""
+IN_UPDATES = (("policy", "policy_update"), ("reward", "reward_update"))
+"""The services killed in the middle of their own update, in every run: each comes back from its checkpoint plus its
+update journal (cooper/runtime/durability.py), and the retried update is applied once."""
 EVAL_TARGETS = ("policy", "verifier", "cli")
 """What an evaluation calls (the policy samples, the verifier checks) and the CLI, whose resume re-runs it."""
 WAITED_S = 0.5
@@ -63,7 +67,8 @@ class Kill:
     after_step: int
     delay_s: float
     during: str | None = None
-    """A stage (negatives, evaluate): the kill waits for one of its jobs to be running and lands inside it."""
+    """A stage (policy_update, reward_update, negatives, evaluate): the kill waits for one of its jobs to be running
+    and lands inside it."""
     logged: int = -1
     """Steps logged when the kill was sent; -1: never sent (the run had finished, or no `during` job came)."""
     inside: str | None = None
@@ -121,10 +126,11 @@ class ChaosRun:
 def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGETS, recipe: str = "rollouts",
              eval_every: int = 0) -> list[Kill]:
     """`kills` kills, each target at least once when there are enough, spread over the run (the k-th near step
-    k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s; plus, with `eval_every`, one inside an
-    evaluation (a seeded EVAL_TARGETS), and with the paper's recipe one of the generator inside a negatives job, each
-    at a seeded place among the others."""
-    inside = ([Kill(random.Random(seed).choice(EVAL_TARGETS), 0, 0.0, during="evaluate")] if eval_every else []) + \
+    k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s; plus the policy and the reward service each
+    inside one of its updates (IN_UPDATES), with `eval_every` one inside an evaluation (a seeded EVAL_TARGETS), and
+    with the paper's recipe one of the generator inside a negatives job, each at a seeded place among the others."""
+    inside = [Kill(target, 0, 0.0, during=stage) for target, stage in IN_UPDATES] + \
+        ([Kill(random.Random(seed).choice(EVAL_TARGETS), 0, 0.0, during="evaluate")] if eval_every else []) + \
         ([Kill("generator", 0, 0.0, during="negatives")] if recipe == "generator" else [])
     total = kills + len(inside)
     if kills < 1 or steps - 2 < total:

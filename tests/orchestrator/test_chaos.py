@@ -1,7 +1,9 @@
 """The chaos suite on a small scale: `python bench/chaos.py` itself (40 steps, 3 seeds and both recipes by default)
-on one seed of the paper's recipe, 7 steps. The run survives the SIGKILL of the CLI (it is resumed), of the
-generator inside a negatives job and of the CLI again inside an evaluation (the resumed run evaluates again), keeps
-every invariant, and logs the same records as the same run without kills (tests/orchestrator/chaos.py)."""
+on one seed of the paper's recipe, 10 steps. The run survives the SIGKILL of the generator inside a negatives job,
+of the CLI inside an evaluation (the resumed run evaluates again) and between steps (it is resumed), of the reward
+service in the middle of a Bradley-Terry update and of the policy in the middle of a GRPO update (each comes back
+from its checkpoint plus its update journal), keeps every invariant, and logs the same records as the same run
+without kills (tests/orchestrator/chaos.py)."""
 
 from __future__ import annotations
 
@@ -19,15 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # about a minute on a 2-core EPYC; CI's machines have been 2x slower and more
+@pytest.mark.timeout(900)  # about two minutes on a 2-core EPYC; CI's machines have been 2x slower and more
 def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
-    # Seed 6's schedule: cli@1, generator@3 inside negatives, cli@4 inside an evaluation (eval after steps -1, 1, 3,
-    # 5 and 6); 7 steps leave steps to run after the last kill. A run that logs no step for 180 s is stuck: the
-    # harness stops it and its report (stderr) says where every process was.
-    args = ["--seeds", "6", "--recipes", "generator", "--steps", "7", "--kills", "1", "--eval-every", "2",
+    # Seed 6's schedule (evaluations after steps -1, 2, 5, 8 and 9): the generator inside negatives, the CLI inside
+    # an evaluation and between steps, the reward service inside an update, the policy inside an update; 10 steps
+    # leave a step to run after the last kill. A run that logs no step for 180 s is stuck: the harness stops it and
+    # its report (stderr) says where every process was.
+    args = ["--seeds", "6", "--recipes", "generator", "--steps", "10", "--kills", "1", "--eval-every", "3",
             "--stuck-after", "180"]
-    assert [k.describe() for k in schedule(6, 7, 1, recipe="generator", eval_every=2)] == [
-        "cli@1+1.64s", "generator@3+0.0s in negatives", "cli@4+0.0s in evaluate"]
+    assert [k.describe() for k in schedule(6, 10, 1, recipe="generator", eval_every=3)] == [
+        "generator@1+0.0s in negatives", "cli@4+0.0s in evaluate", "cli@6+1.64s", "reward@7+0.0s in reward_update",
+        "policy@8+0.0s in policy_update"]
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args, "--keep", str(tmp_path)],
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=840)
     lines = done.stdout.strip().splitlines()
@@ -35,34 +39,40 @@ def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
     run, summary = json.loads(lines[-2]), json.loads(lines[-1])
     assert done.returncode == 0 and summary["invariants_held"], \
         "\n".join(run["violations"]) + "\n--- stderr:\n" + done.stderr[-60000:]
-    assert run["kills_not_landed"] == [] and run["kills_by_target"] == ["cli", "generator", "cli"]
-    assert run["kills_inside"][0] in {f"negatives:{t}" for t in range(2, 7)}
-    assert run["kills_inside"][1] in {"evaluate:5", "evaluate:6"}
-    assert run["kills_survived"] == 3 and run["resumes"] == 2 and run["max_rel_diff"] == 0.0
+    assert run["kills_not_landed"] == [] and run["kills_by_target"] == ["generator", "cli", "cli", "reward", "policy"]
+    negatives, evaluate, reward_update, policy_update = run["kills_inside"]
+    assert negatives in {f"negatives:{t}" for t in range(1, 10)} and evaluate in {"evaluate:5", "evaluate:8"}
+    assert reward_update in {"reward_update:7", "reward_update:8", "reward_update:9"}
+    assert policy_update in {"policy_update:8", "policy_update:9"}
+    assert run["kills_survived"] == 5 and run["resumes"] == 2 and run["max_rel_diff"] == 0.0
     assert run["evaluations"] == 5 and summary["generator_kills_in_negatives"] == 1
     print(f"\nchaos: {lines[-1]}")
 
 
 def test_the_schedule_kills_every_target_at_seeded_moments():
     kills = schedule(3, 40, 6)
-    assert sorted(k.target for k in kills) == sorted(["verifier", "policy", "reward", "generator", "cli", "redis"])
+    between = [k.target for k in kills if not k.during]
+    assert sorted(between) == sorted(["verifier", "policy", "reward", "generator", "cli", "redis"])
+    assert [(k.target, k.during) for k in kills if k.during] in (
+        [("policy", "policy_update"), ("reward", "reward_update")],
+        [("reward", "reward_update"), ("policy", "policy_update")])  # every run: both trainers inside an update
     assert kills == schedule(3, 40, 6) and kills != schedule(4, 40, 6)
     steps = [k.after_step for k in kills]
-    assert steps == sorted(steps) and len(set(steps)) == 6 and 1 <= steps[0] and steps[-1] <= 38
-    assert all(b - a >= 3 for a, b in zip(steps, steps[1:], strict=False))  # spread over the run
-    with pytest.raises(ValueError, match="6 kills need at least 8 steps"):
-        schedule(0, 7, 6)
+    assert steps == sorted(steps) and len(set(steps)) == 8 and 1 <= steps[0] and steps[-1] <= 38
+    assert all(b - a >= 2 for a, b in zip(steps, steps[1:], strict=False))  # spread over the run
+    with pytest.raises(ValueError, match="8 kills need at least 10 steps"):
+        schedule(0, 9, 6)
 
 
 def test_the_paper_recipe_and_evaluations_add_kills_inside_their_jobs():
     kills = schedule(3, 40, 6, recipe="generator", eval_every=5)
     inside = [(k.target, k.during) for k in kills if k.during]
-    assert len(kills) == 8 and ("generator", "negatives") in inside and len(inside) == 2
+    assert len(kills) == 10 and ("generator", "negatives") in inside and len(inside) == 4
     assert {t for t, d in inside if d == "evaluate"} <= {"policy", "verifier", "cli"}
     steps = [k.after_step for k in kills]
-    assert steps == sorted(steps) and len(set(steps)) == 8 and steps[-1] <= 38
-    with pytest.raises(ValueError, match="8 kills need at least 10 steps"):
-        schedule(0, 9, 6, recipe="generator", eval_every=5)
+    assert steps == sorted(steps) and len(set(steps)) == 10 and steps[-1] <= 38
+    with pytest.raises(ValueError, match="10 kills need at least 12 steps"):
+        schedule(0, 11, 6, recipe="generator", eval_every=5)
 
 
 def test_the_check_reports_a_missing_or_different_number_instead_of_crashing(tmp_path):

@@ -28,7 +28,7 @@ def reward_service(tmp_path_factory):
     """A real reward service on the random tiny VerifyRM, with a learning rate that moves its scores."""
     service = start_service("reward", overrides=[
         "reward.model=tiny", "reward.device=cpu", "reward.torch_threads=1", "reward.http.enabled=false",
-        "reward.server.metrics_port=null", "reward.optim.lr=3e-3", "reward.save_every=0",
+        "reward.server.metrics_port=null", "reward.optim.lr=3e-3",
         f"reward.checkpoint_dir={tmp_path_factory.mktemp('rm-checkpoints')}"])
     yield service
     service.stop()

@@ -197,17 +197,23 @@ def test_rule_mode_never_calls_the_reward_service(tmp_path):
 
 @pytest.mark.slow
 def test_a_long_run_leaves_only_the_newest_checkpoints(tmp_path):
-    """What a 1,000-step run leaves, in 30 steps: a policy checkpoint every 2 updates (15 written), at most
-    policy.keep_checkpoints of them kept, and a journal holding only the update after the newest."""
+    """What a 1,000-step cooper-mode run leaves, in 30 steps: a checkpoint of each trainer every 2 updates (15
+    written), at most keep_checkpoints of them kept, and journals holding nothing the newest checkpoint lacks."""
     steps = 30
-    result = _cooper("train", "--no-progress", "run.mode=rule", f"run.steps={steps}", "run.name=long",
+    result = _cooper("train", "--no-progress", "run.mode=cooper", f"run.steps={steps}", "run.name=long",
                      f"run.output_dir={tmp_path}", "eval.every=0", "run.batch_size=8", "policy.save_every=2",
-                     "policy.keep_checkpoints=3")
+                     "policy.keep_checkpoints=3", "reward.save_every=2", "reward.keep_checkpoints=3")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [r["policy_version"] for r in read_metrics(tmp_path / "long")] == list(range(1, steps + 1))
-    policy = tmp_path / "long" / "checkpoints" / "policy"
+    records = read_metrics(tmp_path / "long")
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
+    checkpoints = tmp_path / "long" / "checkpoints"
+    policy, reward = checkpoints / "policy", checkpoints / "reward"
     assert sorted(p.name for p in policy.iterdir()) == ["journal", "v00000026", "v00000028", "v00000030"]
-    assert not list((policy / "journal").iterdir())  # the last checkpoint holds every update
+    version = records[-1]["reward_version"]  # one per applied update; an update skipped for its gradient keeps it
+    kept = sorted(p.name for p in reward.iterdir() if p.name != "journal")
+    assert len(kept) == 3 and kept[-1] == f"v{version:08d}-u{steps:08d}"
+    assert [int(name[-8:]) for name in kept] == [26, 28, 30]
+    assert not list((policy / "journal").iterdir()) and not list((reward / "journal").iterdir())
 
 
 def test_bad_config_fails_fast_with_the_key(tmp_path):

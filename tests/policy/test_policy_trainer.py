@@ -13,8 +13,9 @@ import torch
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import complete_checkpoints
+from cooper.runtime.durability import JOURNAL_DIR
 from cooper.runtime.journal import UpdateJournal
-from cooper.services.policy.core import JOURNAL_DIR, PolicyCore
+from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import Completion, SamplingParams
 from cooper.services.policy.grpo import LossSettings
 from cooper.services.policy.trainer import GRPOTrainer, RolloutSample, lr_at

@@ -97,7 +97,7 @@ def _queued_items(url: str) -> float:
 def reward_process(tmp_path: Path):  # type: ignore[no-untyped-def]
     service = start_service("reward", overrides=[
         "reward.model=tiny", "reward.device=cpu", "reward.torch_threads=1", "reward.server.metrics_port=null",
-        "reward.http.port=0", "reward.http.max_items=4", "reward.http.max_chars=4000", "reward.save_every=0",
+        "reward.http.port=0", "reward.http.max_items=4", "reward.http.max_chars=4000",
         f"reward.batching.max_queue={MAX_QUEUE}", f"reward.batching.max_batch_size={MAX_BATCH}", "reward.batching.max_wait_ms=2",
         f"reward.checkpoint_dir={tmp_path / 'checkpoints'}"])
     yield service, f"http://127.0.0.1:{service.info['http_port']}"

@@ -138,8 +138,10 @@ def test_model_copies_share_the_scoring_and_stay_one_model_through_updates(tmp_p
         single.apply_update("run/0", tiny_pairs(4))
         assert max(abs(x - y) for x, y in zip(after[0].logits, single.score_tokens(tokens).logits, strict=True)) <= 1e-5
 
-        saved = await service.save("copies")  # one checkpoint, written by the first copy
-        assert saved.version == 1 and len(list((tmp_path / "checkpoints").iterdir())) == 1
+        saved = await service.save("copies")  # one checkpoint and one journal, written by the first copy
+        root = tmp_path / "checkpoints"
+        assert saved.version == 1 and sorted(p.name for p in root.iterdir()) == ["journal", Path(saved.path).name]
+        assert not list((root / "journal").iterdir())  # the update was journaled once, and the save pruned it
 
         # One copy dies: the service stops serving (all copies go), like a single model process's death.
         os.kill(runner.copies[1].process.pid, signal.SIGKILL)

@@ -70,7 +70,7 @@ def test_serve_reward_grpc_and_http_then_sigterm_saves(tmp_path: Path) -> None:
     # test_service's restart test).
     restarted = RewardCore.load(make_config(tmp_path, checkpoint_dir=str(tmp_path / "ckpt")))
     assert restarted.rm.version == 1 and restarted.last_key == "run/7"
-    assert restarted.checkpoint_path.endswith("v00000001-u00000001")
+    assert restarted.durable.latest.endswith("v00000001-u00000001")
     # Up to float rounding (another process, its own thread pool): a model of another version differs by far more.
     assert restarted.rm.logits(restarted.rm.encode(items), batch_size=len(items)) == pytest.approx(scored.logits, abs=1e-5)
 

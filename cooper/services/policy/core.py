@@ -30,18 +30,15 @@ from transformers import AutoTokenizer
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import (
-    BackgroundSave,
+    POLICY,
     checkpoint_name,
     complete_checkpoints,
     latest_checkpoint,
     read_optimizer_state,
     read_state,
-    remove_partial_checkpoints,
-    save_checkpoint,
-    snapshot_state,
 )
 from cooper.runtime.devices import resolve_autocast, resolve_device
-from cooper.runtime.journal import UpdateJournal
+from cooper.runtime.durability import Durability
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.errors import RankFailure, RanksRestarted
@@ -53,9 +50,6 @@ from cooper.services.policy.trainer import (
     rollout_samples,
     rollout_tensors,
 )
-
-JOURNAL_DIR = "journal"
-"""The update journal's directory inside policy.checkpoint_dir."""
 
 log = logging.getLogger("cooper.policy")
 
@@ -113,12 +107,10 @@ class PolicyCore:
         self.world_size = resolve_world_size(cfg.world_size, self.device)
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
-        self.journal = UpdateJournal(Path(cfg.checkpoint_dir) / JOURNAL_DIR) if cfg.journal else None
-        self.background_save = BackgroundSave()
-        remove_partial_checkpoints(cfg.checkpoint_dir)  # a save cut short by a crash: never complete, maybe large
-        if self.journal:
-            self.journal.discard_partial()
-        checkpoint = latest_checkpoint(cfg.checkpoint_dir)
+        self.durable = Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every,
+                                  keep_checkpoints=cfg.keep_checkpoints, journal=cfg.journal,
+                                  save_in_background=cfg.save_in_background, service="policy")
+        checkpoint = self.durable.start()
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self.tokenizer = AutoTokenizer.from_pretrained(weights_path)
         if self.tokenizer.pad_token_id is None:
@@ -137,9 +129,6 @@ class PolicyCore:
         self.version = 0
         self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.last_key = ""
-        self.checkpoint = ""
-        self.saved_version = 0
-        """The version of the newest checkpoint written or loaded (0: the initial model, never saved)."""
         self.abandoned: list[tuple[int, int]] = []
         """Version ranges a restore left behind (first, last): their checkpoints are another branch's weights."""
         if checkpoint:
@@ -157,8 +146,7 @@ class PolicyCore:
         self.last_key = state.get("last_key", "")
         self.history = OrderedDict(state.get("history", {}))
         self.abandoned = [(int(first), int(last)) for first, last in state.get("abandoned", [])]
-        self.checkpoint = str(checkpoint)
-        self.saved_version = self.version
+        self.durable.loaded(checkpoint, self.version)
         log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
 
     def _replay_journal(self) -> None:
@@ -167,9 +155,7 @@ class PolicyCore:
         The update is a deterministic function of the weights, the AdamW state and the journaled rollout (no dropout,
         no sampling), so on the same kind of CPU the weights come back bit for bit; on a GPU to within its kernels'
         rounding. The recorded result (what Train answered) is what a retried Train gets, not the replay's."""
-        if self.journal is None:
-            return
-        entries = self.journal.chain(self.version, self.last_key)
+        entries = self.durable.entries_after(self.version, self.last_key)
         for entry in entries:
             self.trainer.train_step(rollout_samples(entry["rollout"]), entry["rewards"].tolist(), entry["group_size"])
             self.version += 1
@@ -198,7 +184,7 @@ class PolicyCore:
         engine keeps its module) and start the ranks again from it. Returns the error the failed call raises."""
         log.error("policy: %s; restarting the ranks from the latest checkpoint", failure)
         self.trainer.kill()
-        self.background_save.wait()  # its copy was taken before the failure: let it land, it is the latest
+        self.durable.wait()  # its copy was taken before the failure: let it land, it is the latest
         checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self._load_weights_in_place(weights_path)
@@ -207,8 +193,8 @@ class PolicyCore:
         if checkpoint:
             self._restore_state(checkpoint)
         else:
-            self.version, self.last_key, self.history, self.checkpoint = 0, "", OrderedDict(), ""
-            self.saved_version, self.abandoned = 0, []
+            self.version, self.last_key, self.history, self.abandoned = 0, "", OrderedDict(), []
+            self.durable.loaded("", 0)
         self.engine.sync_weights()
         self.trainer = self._start_ranks(weights_path, checkpoint)
         self._replay_journal()
@@ -231,7 +217,7 @@ class PolicyCore:
     def close(self) -> None:
         """Let a background checkpoint finish; stop the other ranks (world_size > 1)."""
         with self._lock:
-            self.background_save.wait()
+            self.durable.wait()
             if self.world_size > 1:
                 self.trainer.close()
 
@@ -256,12 +242,12 @@ class PolicyCore:
             try:
                 metrics = self.trainer.train_step(samples, rewards, group_size)
                 self.version += 1
-                if self.journal:  # before the answer: an update this service answered is never lost
-                    self.journal.append(self.version, self.last_key,
-                                        journal_record(key, samples, rewards, group_size, metrics))
+                # Before the answer: an update this service answered is never lost.
+                self.durable.record(self.version, self.last_key,
+                                    journal_record(key, samples, rewards, group_size, metrics))
                 self.engine.sync_weights()
                 self._record(key, metrics)
-                if self.cfg.save_every and self.version % self.cfg.save_every == 0:
+                if self.durable.due(self.version):
                     self._save("", background=self.cfg.save_in_background)
             except RankFailure as failure:  # only with world_size > 1
                 raise self._restart_ranks(failure) from failure
@@ -284,7 +270,7 @@ class PolicyCore:
                     raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
                                      str(recorded.get("checkpoint", "")), True)
-            self.background_save.wait()  # a checkpoint still being written may be the one to restore
+            self.durable.wait()  # a checkpoint still being written may be the one to restore
             target, restored_version = self._restore_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path
             self._load_weights_in_place(weights_path)
@@ -344,35 +330,20 @@ class PolicyCore:
     def save_if_unsaved(self, tag: str) -> str | None:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
-            self.background_save.wait()
-            return self._save(tag) if self.version != self.saved_version else None
+            self.durable.wait()
+            return self._save(tag) if self.durable.unsaved(self.version) else None
 
     def wait_for_saves(self) -> None:
         """Return once no background checkpoint is being written."""
-        self.background_save.wait()
+        self.durable.wait()
 
     def _save(self, tag: str, background: bool = False) -> str:
         """Write a checkpoint of the current state and return its directory; `background`: from a copy, on the
         background thread (returns at once; the directory is complete once the write lands)."""
-        self.background_save.wait()  # one write at a time, in version order: pruning must never overtake
         state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
                  "model": self.cfg.model, "abandoned": [list(r) for r in self.abandoned]}
-        if not background:
-            self._write_checkpoint(state, None, self.trainer.optimizer_state())
-            return self.checkpoint
-        weights, optimizer_state = snapshot_state(self.model, self.trainer.optimizer_state())
-        self.background_save.start(lambda: self._write_checkpoint(state, weights, optimizer_state))
-        return str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
-
-    def _write_checkpoint(self, state: dict[str, Any], weights: dict[str, torch.Tensor] | None,
-                          optimizer_state: dict[str, Any]) -> None:
-        path = save_checkpoint(self.cfg.checkpoint_dir, self.model, self.tokenizer, optimizer_state, state,
-                               keep=self.cfg.keep_checkpoints, weights=weights)
-        self.checkpoint = str(path)
-        self.saved_version = int(state["version"])
-        if self.journal:  # the checkpoint is on disk (fsynced): the updates it includes need no entry any more
-            self.journal.prune(self.saved_version)
-        log.info("policy checkpoint %s (version %d)", path, self.saved_version)
+        return self.durable.save(self.model, self.tokenizer, self.trainer.optimizer_state, state, self.version,
+                                 background)
 
     def info(self) -> dict[str, Any]:
         # No lock: a snapshot of plain attributes, so Info answers at once even during a long Train.
@@ -383,5 +354,5 @@ class PolicyCore:
             "device": str(self.device),
             "engine": self.engine.name,
             "last_key": self.last_key,
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.durable.latest,
         }

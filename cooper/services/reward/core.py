@@ -17,7 +17,8 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from cooper.config import RewardConfig
 from cooper.runtime import checkpoint
 from cooper.runtime.checkpoint import REWARD
+from cooper.runtime.durability import Durability
 from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 from cooper.services.reward.verify_rm import VerifyRM
@@ -50,12 +52,14 @@ def idempotency_key(run_id: str, step: int) -> str | None:
 class RewardCore:
     """Build with `RewardCore.load(config)`; not thread-safe (see the module docstring)."""
 
-    def __init__(self, rm: VerifyRM, config: RewardConfig, state: dict[str, Any] | None = None,
+    def __init__(self, rm: VerifyRM, config: RewardConfig, durable: Durability, state: dict[str, Any] | None = None,
                  checkpoint_path: str = ""):
         self.rm = rm
         self.config = config
+        self.durable = durable
         state = state or {}
         self.updates: int = state.get("updates", 0)
+        """Update calls applied, skipped ones included: the journal's sequence number."""
         self.last_key: str = state.get("last_key", "")
         self._results: OrderedDict[str, UpdateResult] = OrderedDict(
             (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
@@ -64,47 +68,90 @@ class RewardCore:
         self._replay: deque[list[PreferencePair]] = deque(
             ([PreferencePair(**pair) for pair in update] for update in state.get("replay", [])),
             maxlen=config.replay_updates)
-        self.checkpoint_path = checkpoint_path
         self.tokenizer_source = checkpoint_path or rm.source
-        self._saved_state = (rm.version, self.updates) if checkpoint_path else None
+        if checkpoint_path:
+            durable.loaded(checkpoint_path, self.updates)
         self._loader: ThreadPoolExecutor | None = None  # replicas: reads staged checkpoints off the model thread
         self._staging: Future[tuple[str, dict[str, Any], dict[str, torch.Tensor]]] | None = None
 
+    @staticmethod
+    def durability(config: RewardConfig, writes: bool = True) -> Durability:
+        """The trainer's checkpoints and journal (cooper/runtime/durability.py); a replica's only reads checkpoints.
+        `writes`: this copy journals and saves (with reward.model_copies, the first copy only)."""
+        trainer = config.role == "trainer"
+        return Durability(config.checkpoint_dir, REWARD, save_every=config.save_every,
+                          keep_checkpoints=config.keep_checkpoints, journal=trainer and config.journal,
+                          save_in_background=config.save_in_background, service="reward",
+                          writes=trainer and writes)
+
     @classmethod
-    def load(cls, config: RewardConfig) -> RewardCore:
-        """The latest complete checkpoint under config.checkpoint_dir, else config.model at version 0. A replica
-        leaves the directory alone (no clean-up of the trainer's partial saves), skips the optimizer state, and
-        falls back to an older checkpoint when the newest does not load (the trainer may delete it meanwhile)."""
+    def load(cls, config: RewardConfig, writes: bool = True) -> RewardCore:
+        """The trainer: the latest complete checkpoint under config.checkpoint_dir (else config.model at version 0)
+        and the journaled updates after it, applied again. A replica: the latest checkpoint that loads (the trainer
+        may delete one meanwhile), without the optimizer state."""
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        replica = config.role == "replica"
-        if not replica:
-            checkpoint.remove_partial_checkpoints(config.checkpoint_dir)
+        if config.role == "replica":
+            return cls._load_replica(config)
+        durable = cls.durability(config, writes)
+        latest = durable.start()
+        if latest is None:
+            rm = VerifyRM.load(resolve_model(config.model, "reward"), config.optim, config.max_length, config.device,
+                               config.dtype)
+            log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
+            core = cls(rm, config, durable)
+        else:
+            rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype)
+            rm.load_optimizer_state(checkpoint.read_optimizer_state(latest, rm.device))
+            core = cls._from_checkpoint(rm, config, durable, latest)
+        core._apply_journal()
+        return core
+
+    @classmethod
+    def _load_replica(cls, config: RewardConfig) -> RewardCore:
+        durable = cls.durability(config)
         candidates = checkpoint.complete_checkpoints(config.checkpoint_dir, REWARD)[::-1]
-        if not replica:
-            candidates = candidates[:1]
         for latest in candidates:
             try:
                 rm = VerifyRM.load(str(latest), config.optim, config.max_length, config.device, config.dtype,
-                                   trains=not replica)
-                state = checkpoint.read_state(latest, REWARD)
-                if not replica:
-                    rm.load_optimizer_state(checkpoint.read_optimizer_state(latest, rm.device))
+                                   trains=False)
+                return cls._from_checkpoint(rm, config, durable, latest)
             except Exception as err:
-                if latest == candidates[-1] or not replica:
+                if latest == candidates[-1]:
                     raise
                 log.warning("replica: checkpoint %s does not load (%s); trying the one before", latest, err)
-                continue
-            if state.get("model") != config.model:
-                log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
-                            latest, state.get("model"), config.model)
-            rm.version = state["version"]
-            log.info("reward model %s from %s (version %d)", "loaded" if replica else "resumed", latest, rm.version)
-            return cls(rm, config, state, str(latest))
         rm = VerifyRM.load(resolve_model(config.model, "reward"), config.optim, config.max_length, config.device,
-                           config.dtype, trains=not replica)
+                           config.dtype, trains=False)
         log.info("reward model %s loaded (version 0, no checkpoint in %s)", config.model, config.checkpoint_dir)
-        return cls(rm, config)
+        return cls(rm, config, durable)
+
+    @classmethod
+    def _from_checkpoint(cls, rm: VerifyRM, config: RewardConfig, durable: Durability, path: Path) -> RewardCore:
+        state = checkpoint.read_state(path, REWARD)
+        if state.get("model") != config.model:
+            log.warning("checkpoint %s was trained from %r, but reward.model is %r; resuming from the checkpoint",
+                        path, state.get("model"), config.model)
+        rm.version = state["version"]
+        log.info("reward model %s from %s (version %d)", "loaded" if config.role == "replica" else "resumed", path,
+                 rm.version)
+        return cls(rm, config, durable, state, str(path))
+
+    def _apply_journal(self) -> None:
+        """Apply again, in order, the journaled updates after the loaded checkpoint, each with its recorded result.
+        An update is a deterministic function of the weights, the AdamW state, the replay buffer, the version (which
+        seeds the replay draws and the optimizer restarts) and the journaled pairs, so on one CPU kind the state
+        comes back bit for bit."""
+        entries = self.durable.entries_after(self.updates, self.last_key)
+        for entry in entries:
+            self._train([PreferencePair(*pair) for pair in entry["pairs"]], entry["optimizer_steps"])
+            self._record(entry["key"] or None, UpdateResult(**entry["result"]))
+        if entries:
+            log.info("reward applied %d journaled updates again (now version %d, update %d, last key %r)",
+                     len(entries), self.rm.version, self.updates, self.last_key)
+
+    def close(self) -> None:
+        """Let a background checkpoint finish."""
+        self.durable.wait()
 
     def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
         """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the
@@ -116,44 +163,56 @@ class RewardCore:
 
     def apply_update(self, key: str | None, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
         """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:
-        reward.update_steps) -> version + 1; a key applied before returns its recorded result, trains nothing."""
+        reward.update_steps) -> version + 1, journaled before it returns; a key applied before returns its recorded
+        result, trains nothing."""
         if key is not None and key in self._results:
             return replace(self._results[key], replayed=True)
-        replay = [pair for update in self._replay for pair in update]
+        after_key = self.last_key
         steps = optimizer_steps or self.config.update_steps
-        result = self.rm.update(list(pairs), replay, steps, self.config.calibration_weight,
-                                self.config.replay_sample, self.config.optimizer_restart_every)
+        result = self._train(list(pairs), steps)
+        self.durable.record(self.updates, after_key, {
+            "key": key or "", "pairs": [astuple(pair) for pair in pairs], "optimizer_steps": steps,
+            "result": asdict(result)})
+        self._record(key, result)
+        if self.durable.due(self.updates):
+            self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(""),
+                              self.updates, background=self.config.save_in_background)
+        return result
+
+    def _train(self, pairs: list[PreferencePair], steps: int) -> UpdateResult:
+        replay = [pair for update in self._replay for pair in update]
+        result = self.rm.update(pairs, replay, steps, self.config.calibration_weight, self.config.replay_sample,
+                                self.config.optimizer_restart_every)
         if not result.skipped:
-            self._replay.append(list(pairs))
+            self._replay.append(pairs)
         self.updates += 1
+        return result
+
+    def _record(self, key: str | None, result: UpdateResult) -> None:
         if key is not None:
             self.last_key = key
             self._results[key] = result
             while len(self._results) > RECORDED_RESULTS:
                 self._results.popitem(last=False)
-        if not result.skipped and self.config.save_every and self.rm.version % self.config.save_every == 0:
-            self.save("")
-        return result
 
-    def save(self, tag: str = "") -> SavedCheckpoint:
-        state = {
+    def _state(self, tag: str) -> dict[str, Any]:
+        """The bookkeeping a checkpoint holds beside the weights and optimizer state."""
+        return {
             "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
             "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
             "replay": [[asdict(pair) for pair in update] for update in self._replay],
         }
-        path = checkpoint.save_checkpoint(self.config.checkpoint_dir, self.rm.model, self.rm.tokenizer,
-                                          self.rm.optimizer_state(), state, self.config.keep_checkpoints,
-                                          layout=REWARD)
-        self.checkpoint_path = str(path)
-        self._saved_state = (self.rm.version, self.updates)
-        log.info("reward checkpoint written: %s", path)
-        return SavedCheckpoint(str(path), self.rm.version)
+
+    def save(self, tag: str = "") -> SavedCheckpoint:
+        """Write a checkpoint of the current state before returning."""
+        path = self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(tag),
+                                 self.updates)
+        return SavedCheckpoint(path, self.rm.version)
 
     def save_if_unsaved(self, tag: str) -> SavedCheckpoint | None:
         """Save when updates were applied since the last checkpoint (or since start-up without one)."""
-        if self.updates and self._saved_state != (self.rm.version, self.updates):
-            return self.save(tag)
-        return None
+        self.durable.wait()
+        return self.save(tag) if self.durable.unsaved(self.updates) else None
 
     # ----- read replicas: follow the trainer's checkpoints -----
 
@@ -183,8 +242,7 @@ class RewardCore:
         self.rm.version = state["version"]
         self.updates = state.get("updates", 0)
         self.last_key = state.get("last_key", "")
-        self.checkpoint_path = path
-        self._saved_state = (self.rm.version, self.updates)
+        self.durable.loaded(path, self.updates)
         log.info("replica: now serving %s (version %d)", path, self.rm.version)
         return self.info()
 
@@ -210,5 +268,5 @@ class RewardCore:
     def info(self) -> ModelInfo:
         tokenizer = self.rm.tokenizer
         return ModelInfo(self.config.model, self.rm.version, self.rm.parameters, str(self.rm.device), self.last_key,
-                         self.checkpoint_path, tokenizer.pad_token, tokenizer.eos_token, self.tokenizer_source,
+                         self.durable.latest, tokenizer.pad_token, tokenizer.eos_token, self.tokenizer_source,
                          self.rm.model.config.id2label.get(0, "LABEL_0"))

@@ -114,6 +114,7 @@ class ThreadRunner(Runner):
 
     async def close(self) -> None:
         self.alive = False
+        await self.run(RewardCore.close, self.core)  # a background checkpoint lands before the thread goes
         await asyncio.to_thread(self._executor.shutdown)
 
 
@@ -138,13 +139,14 @@ class ProcessRunner(Runner):
         link.on_lost = self._lost
 
     @classmethod
-    async def start(cls, config: RewardConfig) -> ProcessRunner:
-        """Start the child and wait until it has loaded the model; a load error is raised here."""
+    async def start(cls, config: RewardConfig, writes: bool = True) -> ProcessRunner:
+        """Start the child and wait until it has loaded the model; a load error is raised here. `writes`: the child
+        journals and checkpoints (RewardCore.durability)."""
         context = multiprocessing.get_context("spawn")
         parent_end, child_end = socket.socketpair()
         process = context.Process(
             target=_child_main, name="verify-rm",
-            args=(child_end, config, os.getpid(), logging.getLogger().getEffectiveLevel()), daemon=True,
+            args=(child_end, config, writes, os.getpid(), logging.getLogger().getEffectiveLevel()), daemon=True,
         )
         try:
             process.start()
@@ -308,11 +310,11 @@ class CopiesRunner(Runner):
 
     @classmethod
     async def start(cls, config: RewardConfig) -> CopiesRunner:
-        # Only the first copy writes checkpoints (periodic saves inside an update included); the others load the same
-        # checkpoint at start and make the same updates.
-        quiet = config.model_copy(update={"save_every": 0})
+        # Only the first copy journals and writes checkpoints (periodic saves inside an update included); the others
+        # load the same checkpoint and journal at start and make the same updates.
         started = await asyncio.gather(ProcessRunner.start(config),
-                                       *(ProcessRunner.start(quiet) for _ in range(config.model_copies - 1)),
+                                       *(ProcessRunner.start(config, writes=False)
+                                         for _ in range(config.model_copies - 1)),
                                        return_exceptions=True)
         copies = [runner for runner in started if isinstance(runner, ProcessRunner)]
         if len(copies) < len(started):
@@ -380,7 +382,7 @@ async def start_runner(config: RewardConfig) -> Runner:
 # ----- the child process -----
 
 
-def _child_main(link: socket.socket, config: RewardConfig, parent_pid: int, log_level: int) -> None:
+def _child_main(link: socket.socket, config: RewardConfig, writes: bool, parent_pid: int, log_level: int) -> None:
     from cooper.runtime.processes import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -391,14 +393,15 @@ def _child_main(link: socket.socket, config: RewardConfig, parent_pid: int, log_
         return
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[model]: %(message)s")
     try:
-        core = RewardCore.load(config)
+        core = RewardCore.load(config, writes)
     except Exception as err:
         link.sendall(_frame((False, _portable(err))))
         return
     link.sendall(_frame((True, None)))
     _serve_calls(link, core)
-    # Nothing is left to write but the log (updates were saved before the parent said stop), and Python's own
-    # teardown of torch took 1-2 s of every reward service stop on 2 cores: skip it.
+    core.close()
+    # Nothing is left to write but the log (updates are journaled, a background checkpoint has landed), and Python's
+    # own teardown of torch took 1-2 s of every reward service stop on 2 cores: skip it.
     logging.shutdown()
     os._exit(0)
 

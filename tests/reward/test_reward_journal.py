@@ -1,0 +1,128 @@
+"""VerifyRM's update journal and background checkpoints: a restart comes back at the update it last answered, with
+weights, AdamW state, replay buffer and recorded results bit-identical to the uninterrupted core's (real tiny model,
+the same cooper/runtime/durability.py as the policy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from reward_testkit import make_config, tiny_items, tiny_pairs
+
+from cooper.runtime.checkpoint import REWARD, complete_checkpoints, read_state
+from cooper.runtime.durability import JOURNAL_DIR
+from cooper.runtime.journal import UpdateJournal
+from cooper.services.reward.core import RewardCore
+
+
+def journal_config(root: Path, **overrides):  # type: ignore[no-untyped-def]
+    """Every path the update takes: replay sampling seeded by the version, AdamW restarts, several optimizer steps."""
+    return make_config(root, save_every=3, keep_checkpoints=2, replay_updates=3, replay_sample=2,
+                       optimizer_restart_every=4, update_steps=2, **overrides)
+
+
+def state_of(core: RewardCore) -> tuple[dict[str, torch.Tensor], dict, list, tuple]:
+    core.durable.wait()
+    optimizer = core.rm.optimizer_state()
+    return ({k: v.clone() for k, v in core.rm.model.state_dict().items()}, optimizer, list(core._replay),
+            (core.rm.version, core.updates, core.last_key, dict(core._results)))
+
+
+def assert_same(a: tuple, b: tuple) -> None:
+    weights_a, optimizer_a, replay_a, book_a = a
+    weights_b, optimizer_b, replay_b, book_b = b
+    assert weights_a.keys() == weights_b.keys()
+    for name in weights_a:
+        assert torch.equal(weights_a[name], weights_b[name]), name
+    moments_a, moments_b = optimizer_a["optimizer"]["state"], optimizer_b["optimizer"]["state"]
+    assert moments_a.keys() == moments_b.keys()
+    for index in moments_a:
+        for name, value in moments_a[index].items():
+            assert torch.equal(value, moments_b[index][name]), (index, name)
+    assert optimizer_a["scheduler"] == optimizer_b["scheduler"]
+    assert replay_a == replay_b
+    assert book_a == book_b
+
+
+def apply(core: RewardCore, steps: range) -> None:
+    for step in steps:
+        # Unkeyed updates in the middle: the journal follows them by the key before.
+        key = None if step % 5 == 2 else f"run/{step}"
+        core.apply_update(key, tiny_pairs(3, seed=step))
+
+
+@pytest.mark.parametrize("crash_after", [4, 7])
+def test_a_restart_applies_the_journal_and_comes_back_bit_identical(tmp_path: Path, crash_after: int) -> None:
+    steps = 10
+    calm = RewardCore.load(journal_config(tmp_path / "calm"))
+    apply(calm, range(steps))
+
+    config = journal_config(tmp_path / "crash")
+    first = RewardCore.load(config)
+    apply(first, range(crash_after))
+    first.durable.wait()  # what a crash leaves: the newest checkpoint on disk, the journal after it
+    saved = read_state(complete_checkpoints(config.checkpoint_dir, REWARD)[-1], REWARD)["updates"]
+    journal = UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR)
+    assert journal.versions() == list(range(saved + 1, crash_after + 1)) and journal.versions()
+    del first  # dropped with no save: a SIGKILL
+
+    second = RewardCore.load(config)
+    assert (second.rm.version, second.updates) == (crash_after, crash_after)
+    apply(second, range(crash_after, steps))
+    assert_same(state_of(second), state_of(calm))
+    items = tiny_items(6)
+    assert second.score_tokens(second.rm.encode(items)).logits == calm.score_tokens(calm.rm.encode(items)).logits
+
+
+def test_a_retry_after_a_restart_is_answered_from_the_journal(tmp_path: Path) -> None:
+    config = journal_config(tmp_path)
+    first = RewardCore.load(config)
+    apply(first, range(4))
+    answered = first.apply_update("run/4", tiny_pairs(3, seed=4))
+    first.durable.wait()
+    del first
+
+    second = RewardCore.load(config)
+    weights = {k: v.clone() for k, v in second.rm.model.state_dict().items()}
+    retry = second.apply_update("run/4", tiny_pairs(3, seed=4))
+    assert retry.replayed and (retry.loss, retry.grad_norm, retry.version) == (
+        answered.loss, answered.grad_norm, answered.version)
+    assert all(torch.equal(v, second.rm.model.state_dict()[k]) for k, v in weights.items())  # nothing trained
+    assert second.info().last_key == "run/4"
+
+
+def test_checkpoints_prune_the_journal_and_keep_only_the_newest(tmp_path: Path) -> None:
+    config = journal_config(tmp_path)
+    core = RewardCore.load(config)
+    apply(core, range(10))
+    core.durable.wait()
+    names = [path.name for path in complete_checkpoints(config.checkpoint_dir, REWARD)]
+    assert names == ["v00000006-u00000006", "v00000009-u00000009"]  # every 3 updates, keep 2
+    assert UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR).versions() == [10]
+    assert core.info().checkpoint.endswith("v00000009-u00000009")
+    assert core.save_if_unsaved("stop") is not None and core.save_if_unsaved("stop") is None
+    assert UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR).versions() == []
+
+
+def test_a_copy_that_does_not_write_reads_the_journal_and_leaves_it(tmp_path: Path) -> None:
+    config = journal_config(tmp_path)
+    writer = RewardCore.load(config)
+    apply(writer, range(4))
+    writer.durable.wait()
+    journal = UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR)
+    assert journal.versions() == [4]
+    reader = RewardCore.load(config, writes=False)  # a second model copy (reward.model_copies)
+    assert (reader.rm.version, reader.updates) == (4, 4)
+    writer.apply_update("run/4", tiny_pairs(3, seed=4))
+    reader.apply_update("run/4", tiny_pairs(3, seed=4))
+    assert_same(state_of(reader), state_of(writer))
+    # The reader wrote nothing: the journal is the writer's (its entry 5) and no checkpoint came from the reader.
+    assert journal.versions() == [4, 5]
+    assert reader.durable.latest == str(complete_checkpoints(config.checkpoint_dir, REWARD)[-1])
+
+
+def test_the_journal_needs_periodic_checkpoints(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="reward.journal with reward.save_every 0"):
+        make_config(tmp_path, save_every=0)
+    assert make_config(tmp_path, save_every=0, journal=False).save_every == 0
