@@ -1,8 +1,9 @@
 """Deployment files, validated without Docker or a cluster: the Dockerfiles, docker-compose.yml against the compose
 specification, deploy/k8s (assembled as kustomize would) against the Kubernetes schemas, every container's command
 run with `--check-config` on exactly the config file and environment the container gets, env names against config
-fields, ports against the config defaults, NetworkPolicies evaluated pod to pod. Each check is also shown to catch a
-planted error (a wrong port, an unknown key, an open port), so none of them can pass vacuously."""
+fields, ports against the config defaults, NetworkPolicies evaluated pod to pod, the multi-node policy (a JobSet
+against JobSet's published CRD schema, the compose profile `multi-node`) as one torchrun group. Each check is also
+shown to catch a planted error (a wrong port, an unknown key, an open port), so none of them can pass vacuously."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ ROOT, SERVICES, Container = common.ROOT, common.SERVICES, common.Container
 COMPOSE = ROOT / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
 OVERLAY = "overlays/gpu-cluster"
+MULTI_NODE = "overlays/multi-node"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def k8s_tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def builds(k8s_tree) -> dict[str, list[dict]]:
-    return {"base": kustomize.build(k8s_tree / "base"), "overlay": kustomize.build(k8s_tree / OVERLAY)}
+    return {"base": kustomize.build(k8s_tree / "base"), "overlay": kustomize.build(k8s_tree / OVERLAY),
+            "multi-node": kustomize.build(k8s_tree / MULTI_NODE)}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def config_runs(compose_file, builds, tmp_path_factory) -> dict[str, list[common
     The orchestrator's `cooper train` is included once it exists."""
     with_train = common.train_command_exists()
     groups = {"compose": list(compose.containers(compose_file, ROOT).values()),
-              "base": k8s.containers(builds["base"]), "overlay": k8s.containers(builds["overlay"])}
+              **{name: k8s.containers(objs) for name, objs in builds.items()}}
     flat = [(name, c) for name, cs in groups.items() for c in cs if c.role != "orchestrator" or with_train]
     runs = common.check_config_runs([c for _, c in flat], tmp_path_factory.mktemp("check-config"))
     out: dict[str, list[common.ConfigRun]] = {name: [] for name in groups}
@@ -144,6 +147,40 @@ def test_compose_rules_catch_planted_errors(tmp_path, old, new, needle):
     assert any(needle in p for p in problems), problems
 
 
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ('"--node-rank=1"', '"--node-rank=0"', "node ranks ['0', '0'] with --nnodes ['2']; expected ranks 0..1"),
+    ('"--master-addr=policy-0"', '"--master-addr=policy-1"', "--master-addr=policy-1; node 0 is the service policy-0"),
+    ('"--max-restarts=0"', '"--max-restarts=3"', "--max-restarts=3"),
+    ('"--master-port=29400"', '"--master-port=29500"', "--master-port=29500"),
+    ('COOPER_POLICY__DISTRIBUTED__TIMEOUT_S: "60"', 'COOPER_POLICY__DISTRIBUTED__TIMEOUT_S: "1800"',
+     "COOPER_POLICY__DISTRIBUTED__TIMEOUT_S is '1800'"),
+    ("        aliases: [policy]", "        aliases: [policy-main]", "give policy-0 the network alias policy"),
+    ("    restart: on-failure\n\n  policy-1:", "    restart: unless-stopped\n\n  policy-1:",
+     "policy-0: restart is unless-stopped"),
+    ("    healthcheck:\n      disable: true\n    stop_grace_period: 120s", "    stop_grace_period: 120s",
+     "policy-1: torchrun node 1 serves no gRPC; its healthcheck must be disabled"),
+    ('      COOPER_POLICY__WORLD_SIZE: auto\n      # A lost', '      COOPER_POLICY__WORLD_SIZE: "2"\n      # A lost',
+     "under torchrun it must be auto"),
+])
+def test_compose_multi_node_rules_catch_planted_errors(tmp_path, old, new, needle):
+    problems = compose.rule_problems(_planted_compose(tmp_path, old, new), ROOT)
+    assert any(needle in p for p in problems), problems
+
+
+def test_compose_multi_node_ranks_follow_the_gpus_per_node():
+    """POLICY_GPUS_PER_NODE ranks on each node, which must get as many GPUs."""
+    two = {**compose.SECRETS_ENV, "POLICY_GPUS_PER_NODE": "2", "POLICY_0_GPUS": "0,1", "POLICY_1_GPUS": "4,5"}
+    assert compose.rule_problems(compose.load_compose(COMPOSE, two), ROOT) == []
+    nodes = compose.containers(compose.load_compose(COMPOSE, two), ROOT)
+    assert [nodes[n].torchrun["nproc-per-node"] for n in ("policy-0", "policy-1")] == ["2", "2"]
+    short = compose.load_compose(COMPOSE, {**two, "POLICY_1_GPUS": "4"})
+    assert any("policy-1: --nproc-per-node=2 but the node gets 1 GPUs" in p
+               for p in compose.rule_problems(short, ROOT))
+    # Node 0 answers to the policy's name; node 1 to nothing (no gRPC server there).
+    hosts = compose.reachable(compose.load_compose(COMPOSE))
+    assert 50053 in hosts["policy-0"] and "policy-1" not in hosts
+
+
 def test_compose_rules_catch_a_missing_or_stray_gpu(compose_file):
     planted = yaml.safe_load(yaml.safe_dump(compose_file))
     planted["services"]["verifier"]["deploy"] = planted["services"]["policy"].pop("deploy")
@@ -209,30 +246,31 @@ def test_compose_publishes_the_reward_api_widely_only_with_its_token():
 # --- Kubernetes ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("version", k8s.K8S_VERSIONS)
-@pytest.mark.parametrize("build", ["base", "overlay"])
+@pytest.mark.parametrize("build", ["base", "overlay", "multi-node"])
 def test_k8s_manifests_match_the_kubernetes_schemas(builds, build, version):
     assert k8s.schema_problems(builds[build], version) == []
 
 
-@pytest.mark.parametrize("build", ["base", "overlay"])
+@pytest.mark.parametrize("build", ["base", "overlay", "multi-node"])
 def test_k8s_references_and_rules(builds, build):
     assert k8s.reference_problems(builds[build]) == []
     assert k8s.rule_problems(builds[build]) == []
 
 
-@pytest.mark.parametrize("build", ["base", "overlay"])
+@pytest.mark.parametrize("build", ["base", "overlay", "multi-node"])
 def test_k8s_secrets_reach_every_container_and_redis(builds, build):
     assert k8s.secret_problems(builds[build]) == []
     tokens = {c.role: c.env["COOPER_SECURITY__TOKEN"] for c in k8s.containers(builds[build])}
     assert set(tokens) == {*SERVICES, "reward-replica", "orchestrator"}  # every gRPC server and its one client
     want = {"base": ("", "redis://:@redis:6379/0"),
             "overlay": ("replace-with-a-long-random-token", "redis://:replace-with-a-long-random-password@redis:6379/0")}
+    want["multi-node"] = want["overlay"]
     orchestrator = next(c for c in k8s.containers(builds[build]) if c.role == "orchestrator")
     assert (tokens.pop("orchestrator"), orchestrator.env["COOPER_REDIS__URL"]) == want[build]
     assert set(tokens.values()) == {want[build][0]}
 
 
-@pytest.mark.parametrize(("build", "metrics_from_monitoring"), [("base", False), ("overlay", True)])
+@pytest.mark.parametrize(("build", "metrics_from_monitoring"), [("base", False), ("overlay", True), ("multi-node", True)])
 def test_k8s_network_policies_open_only_what_is_meant(builds, build, metrics_from_monitoring):
     assert k8s.network_problems(builds[build], metrics_from_monitoring) == []
 
@@ -307,6 +345,129 @@ def test_k8s_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, che
         assert any(needle in p for p in problems), problems
 
 
+def _planted_multi_node(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str) -> list[dict]:
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree)
+    path = tree / MULTI_NODE / file
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {file}"
+    path.write_text(text.replace(old, new, 1))
+    return kustomize.build(tree / MULTI_NODE)
+
+
+@pytest.mark.parametrize(("old", "new", "needle"), [
+    ("    enableDNSHostnames: true", "    enableDNSHostname: true", "'enableDNSHostname' was unexpected"),
+    ("    maxRestarts: 10", '    maxRestarts: "10"', "spec.failurePolicy.maxRestarts: '10' is not of type 'integer'"),
+    ("          completionMode: Indexed", "          completionMode: Indexed\n          completionMod: Indexed",
+     "'completionMod' was unexpected"),
+    ("    - name: policy\n      replicas: 1", "    - nme: policy\n      replicas: 1", "'name' is a required property"),
+])
+def test_jobset_schema_catches_planted_errors(k8s_tree, tmp_path, old, new, needle):
+    objs = _planted_multi_node(k8s_tree, tmp_path, "policy-jobset.yaml", old, new)
+    problems = k8s.schema_problems(objs, k8s.K8S_VERSIONS[0])
+    assert any(p.startswith("JobSet/policy (JobSet CRD)") and needle in p for p in problems), problems
+
+
+def test_jobset_schema_checks_the_pod_template_against_kubernetes(k8s_tree, tmp_path):
+    objs = _planted_multi_node(k8s_tree, tmp_path, "policy-jobset.yaml", "                    - name: grpc\n",
+                               "                    - nme: grpc\n")
+    problems = k8s.schema_problems(objs, k8s.K8S_VERSIONS[0])
+    assert any("(JobSet CRD)" in p and "'nme' was unexpected" in p for p in problems), problems
+    assert any("replicatedJob policy: Job/policy-policy (Kubernetes 1.27)" in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("file", "old", "new", "check", "needle"), [
+    ("policy-jobset.yaml", "          parallelism: 2", "          parallelism: 3", "rules",
+     "parallelism = completions = --nnodes (2)"),
+    ("policy-jobset.yaml", "--master-addr=policy-policy-0-0.policy-nodes", "--master-addr=policy-0.policy-nodes", "rules",
+     "node 0's host name is policy-policy-0-0.policy-nodes"),
+    ("policy-jobset.yaml", "    subdomain: policy-nodes", "    subdomain: policy", "rules",
+     "subdomain policy is the name of a Service"),
+    ("policy-jobset.yaml", "    enableDNSHostnames: true", "    enableDNSHostnames: false", "rules", "enableDNSHostnames"),
+    ("policy-jobset.yaml", "          backoffLimit: 0", "          backoffLimit: 3", "rules", "backoffLimit 0"),
+    ("policy-jobset.yaml", "--node-rank=$(JOB_COMPLETION_INDEX)", "--node-rank=0", "rules",
+     "--node-rank must be $(JOB_COMPLETION_INDEX)"),
+    ("policy-jobset.yaml", "--nproc-per-node=8", "--nproc-per-node=4", "rules",
+     "--nproc-per-node=4 but the node gets 8 GPUs"),
+    ("policy-jobset.yaml", "--max-restarts=0", "--max-restarts=3", "rules", "--max-restarts=3"),
+    ("policy-jobset.yaml", '                      value: "60"', '                      value: "1800"', "rules",
+     "COOPER_POLICY__DISTRIBUTED__TIMEOUT_S is '1800'"),
+    ("policy-jobset.yaml", '["sh", "-c", "[ \\"$JOB_COMPLETION_INDEX\\" != 0 ] || exec python',
+     '["sh", "-c", "exec python', "rules", "startupProbe asks port 50053 on every node"),
+    ("patches/policy-service.yaml", '    batch.kubernetes.io/job-completion-index: "0"', "    app.kubernetes.io/name: cooper",
+     "rules", "must select node 0 of JobSet/policy alone"),
+    ("networkpolicy-policy-nodes.yaml", "          port: 29400", "          port: 29500", "network",
+     "policy (cooper) -> policy:29400 is denied"),
+    ("networkpolicy-policy-nodes.yaml", "          endPort: 60999", "          endPort: 65535", "network",
+     "-> policy:61000 is allowed"),
+    ("networkpolicy-policy-nodes.yaml", "      app.kubernetes.io/component: policy\n  policyTypes",
+     "      app.kubernetes.io/part-of: cooper\n  policyTypes", "network", "policy (cooper) -> reward:29400 is allowed"),
+    ("kustomizeconfig.yaml",
+     "      - kind: JobSet\n        path: spec/replicatedJobs/template/spec/template/spec/volumes/configMap/name\n", "",
+     "refs", "uses ConfigMap cooper-config, which the build does not define"),
+    ("policy-jobset.yaml", "                  memory: 256Gi", "                  memory: 300Gi", "none", ""),
+])
+def test_multi_node_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, check, needle):
+    objs = _planted_multi_node(k8s_tree, tmp_path, file, old, new)
+    problems = {
+        "rules": lambda: k8s.rule_problems(objs),
+        "refs": lambda: k8s.reference_problems(objs),
+        "network": lambda: k8s.network_problems(objs, metrics_from_monitoring=True),
+        "none": lambda: [*k8s.rule_problems(objs), *k8s.reference_problems(objs), *k8s.network_problems(objs, True),
+                         *k8s.schema_problems(objs, k8s.K8S_VERSIONS[0])],
+    }[check]()
+    if check == "none":
+        assert problems == []
+    else:
+        assert any(needle in p for p in problems), problems
+
+
+def test_multi_node_policy_pods_are_the_deployments_but_for_the_launcher(builds):
+    """The JobSet's pods get what the gpu-cluster overlay's policy pod gets (security, volumes, secrets, config,
+    tolerations), and the Deployment is gone; what differs is the launcher, the probes and the size of a node."""
+    deployment = next(o for o in builds["overlay"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "policy")
+    jobset = next(o for o in builds["multi-node"] if o["kind"] == "JobSet")
+    assert not any(o["kind"] == "Deployment" and o["metadata"]["name"] == "policy" for o in builds["multi-node"])
+    single, nodes = deployment["spec"]["template"]["spec"], kustomize.pod_spec(jobset)
+    for key in ("securityContext", "terminationGracePeriodSeconds", "tolerations"):
+        assert nodes[key] == single[key], key
+    assert [v for v in nodes["volumes"] if v["name"] != "dshm"] == [v for v in single["volumes"] if v["name"] != "dshm"]
+    one, node = single["containers"][0], nodes["containers"][0]
+    for key in ("image", "envFrom", "securityContext", "volumeMounts"):
+        assert node[key] == one[key], key
+    assert [e for e in one["env"] if e["name"] != "COOPER_POLICY__WORLD_SIZE"] == \
+        [e for e in node["env"] if e["name"] in {x["name"] for x in one["env"]} - {"COOPER_POLICY__WORLD_SIZE"}]
+    assert kustomize.pod_template(jobset)["metadata"]["labels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    pods = [p for p in k8s.pods(builds["multi-node"]) if p.role == "policy"]
+    assert [p.labels[k8s.COMPLETION_INDEX] for p in pods] == ["0", "1"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_multi_node_overlay_builds_with_kustomize_itself(k8s_tree, builds):
+    """kubectl's kustomize builds the same objects as the helper here, and rewrites the generated names inside the
+    JobSet (kustomizeconfig.yaml): a JobSet is a custom resource, whose fields kustomize knows only from there."""
+    out = subprocess.run(["kubectl", "kustomize", str(k8s_tree / MULTI_NODE)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    real = [o for o in yaml.safe_load_all(out.stdout) if o]
+    ids = lambda objs: sorted((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"].rsplit("-", 1)[0]  # noqa: E731
+                               if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"]) for o in objs)
+    assert ids(real) == ids(builds["multi-node"])
+    assert k8s.reference_problems(real) == []
+    jobset = next(o for o in real if o["kind"] == "JobSet")
+    assert kustomize.pod_spec(jobset)["containers"][0]["image"] == "ghcr.io/your-org/cooper-gpu:0.1.0-vllm"
+    service = next(o for o in real if o["kind"] == "Service" and o["metadata"]["name"] == "policy")
+    assert service["spec"]["selector"][k8s.COMPLETION_INDEX] == "0"
+
+
+def test_multi_node_without_the_delete_patch_runs_two_policies(k8s_tree, tmp_path):
+    objs = _planted_multi_node(k8s_tree, tmp_path, "kustomization.yaml",
+                               "  - path: patches/policy-deployment-delete.yaml\n", "")
+    assert any(o["kind"] == "Deployment" and o["metadata"]["name"] == "policy" for o in objs)
+    problems = k8s.rule_problems(objs)
+    assert any("the policy runs in 2 workloads" in p for p in problems), problems
+
+
 def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree):
     base, overlay = builds["base"], builds["overlay"]
     namespaced = [o for o in overlay if o["kind"] != "Namespace"]
@@ -364,14 +525,19 @@ def test_kustomization_typos_are_errors(k8s_tree, tmp_path):
 
 # --- commands, config, environment, ports ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("deployment", ["compose", "base", "overlay"])
+@pytest.mark.parametrize("deployment", ["compose", "base", "overlay", "multi-node"])
 def test_every_service_command_accepts_its_config(config_runs, compose_file, builds, deployment):
+    """Every service once, and the policy's torchrun nodes (compose's policy-0 and policy-1 beside its one-container
+    policy; the JobSet's one template in place of the Deployment) with the `cooper serve policy` they launch."""
     runs = [r for r in config_runs[deployment] if r.container.role in (*SERVICES, common.REPLICA)]
-    assert sorted(r.container.role for r in runs) == sorted([*SERVICES, common.REPLICA])
+    nodes = [r for r in runs if r.container.torchrun is not None]
+    assert [r.container.role for r in nodes] == ["policy"] * {"compose": 2, "multi-node": 1}.get(deployment, 0)
+    singles = [s for s in (*SERVICES, common.REPLICA) if s != "policy" or deployment != "multi-node"]
+    assert sorted(r.container.role for r in runs if r.container.torchrun is None) == sorted(singles)
     assert common.config_run_problems(runs, _reachable(deployment, compose_file, builds)) == []
 
 
-@pytest.mark.parametrize("deployment", ["compose", "base", "overlay"])
+@pytest.mark.parametrize("deployment", ["compose", "base", "overlay", "multi-node"])
 def test_orchestrator_command_accepts_its_config(config_runs, compose_file, builds, deployment):
     runs = [r for r in config_runs[deployment] if r.container.role == "orchestrator"]
     assert runs, f"the {deployment} deployment runs no orchestrator (`cooper train`)"

@@ -51,11 +51,25 @@ class Container:
 
     @property
     def cooper_args(self) -> list[str] | None:
-        """The arguments after `cooper` (past a `tini --` wrapper), or None when the container runs something else."""
-        argv = list(self.argv)
-        if argv[:2] == ["tini", "--"]:
-            argv = argv[2:]
+        """The arguments after `cooper` (past a `tini --` wrapper, or past `torchrun ... -m cooper.cli`), or None when
+        the container runs something else."""
+        argv = _unwrapped(self.argv)
+        if argv[:1] == ["torchrun"]:
+            module = _torchrun_module(argv)
+            return argv[module + 2:] if module is not None and argv[module + 1] == "cooper.cli" else None
         return argv[1:] if argv and argv[0] == "cooper" else None
+
+    @property
+    def torchrun(self) -> dict[str, str] | None:
+        """torchrun's options ({"nnodes": "2", "node-rank": "0", ...}), or None when torchrun does not launch it."""
+        argv = _unwrapped(self.argv)
+        if argv[:1] != ["torchrun"]:
+            return None
+        options = {}
+        for arg in argv[1:_torchrun_module(argv)]:
+            name, _, value = arg.removeprefix("--").partition("=")
+            options[name.replace("_", "-")] = value
+        return options
 
     @property
     def role(self) -> str | None:
@@ -68,6 +82,16 @@ class Container:
                 return REPLICA
             return args[1]
         return "orchestrator" if args[:1] == ["train"] else None
+
+
+def _unwrapped(argv: Sequence[str]) -> list[str]:
+    argv = list(argv)
+    return argv[2:] if argv[:2] == ["tini", "--"] else argv
+
+
+def _torchrun_module(argv: Sequence[str]) -> int | None:
+    """The index of `-m` in a torchrun command line (its options are all --name=value before it)."""
+    return next((i for i, a in enumerate(argv) if a == "-m" and i + 1 < len(argv)), None)
 
 
 def default_ports() -> dict[str, dict[str, int]]:
@@ -353,6 +377,49 @@ def config_run_problems(runs: Sequence[ConfigRun], reachable: Mapping[str, set[i
         problems += service_config_problems(role, config, origin)
         problems += address_problems(config, origin, reachable, role)
         problems += persistence_problems(role, config, run.container)
+    return problems
+
+
+# torchrun's rendezvous on node 0 (--master-port) and the longest a lost node may go unnoticed.
+RENDEZVOUS_PORT = 29400
+MAX_DISTRIBUTED_TIMEOUT_S = 300.0
+
+
+def torchrun_problems(container: Container, gpus: int, where: str) -> list[str]:
+    """A policy launched by torchrun across nodes: a static rendezvous on node 0, no restarts inside torchrun (the
+    launcher around it restarts the whole group), one rank per GPU, the launcher's world size, and a collective
+    timeout short enough that a lost node is noticed in seconds."""
+    options = container.torchrun or {}
+    problems = []
+    if container.role != "policy":
+        problems.append(f"{where}: torchrun launches `{' '.join(container.cooper_args or container.argv)}`; only "
+                        "`-m cooper.cli serve policy` runs under torchrun")
+    required = {"nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port", "max-restarts"}
+    if required - set(options):
+        problems.append(f"{where}: torchrun needs --{', --'.join(sorted(required - set(options)))}")
+    if not options.get("nnodes", "").isdigit() or ":" in options.get("nnodes", ""):
+        problems.append(f"{where}: --nnodes={options.get('nnodes')}: a fixed node count (static rendezvous)")
+    if options.get("rdzv-backend", "static") != "static" or "rdzv-endpoint" in options:
+        problems.append(f"{where}: the rendezvous must be static (--master-addr and --master-port, no --rdzv-*)")
+    if options.get("master-port") != str(RENDEZVOUS_PORT):
+        problems.append(f"{where}: --master-port={options.get('master-port')}; the deployment opens {RENDEZVOUS_PORT}")
+    if options.get("max-restarts") != "0":
+        problems.append(f"{where}: --max-restarts={options.get('max-restarts')}; torchrun must not restart ranks on "
+                        "one node alone: the launcher around it restarts the whole group")
+    if options.get("nproc-per-node") != str(gpus):
+        problems.append(f"{where}: --nproc-per-node={options.get('nproc-per-node')} but the node gets {gpus} GPUs; "
+                        "one rank per GPU")
+    if container.env.get("COOPER_POLICY__WORLD_SIZE") != "auto":
+        problems.append(f"{where}: COOPER_POLICY__WORLD_SIZE is {container.env.get('COOPER_POLICY__WORLD_SIZE')!r}; "
+                        "under torchrun it must be auto (the launcher's WORLD_SIZE)")
+    timeout = container.env.get("COOPER_POLICY__DISTRIBUTED__TIMEOUT_S")
+    try:
+        too_long = timeout is None or float(timeout) > MAX_DISTRIBUTED_TIMEOUT_S
+    except ValueError:
+        too_long = True
+    if too_long:
+        problems.append(f"{where}: COOPER_POLICY__DISTRIBUTED__TIMEOUT_S is {timeout!r}; set it to at most "
+                        f"{MAX_DISTRIBUTED_TIMEOUT_S:.0f} so that a lost node is noticed in seconds")
     return problems
 
 

@@ -18,6 +18,7 @@ from .common import (
     IMAGES,
     REDIS_PORT,
     REPLICA,
+    ROOT,
     SERVICES,
     Container,
     default_ports,
@@ -25,6 +26,7 @@ from .common import (
     image_entrypoint,
     image_repo,
     policy_rank_problems,
+    torchrun_problems,
 )
 
 # compose-spec.json from github.com/compose-spec/compose-spec (schema/compose-spec.json, commit 170098ba07d9,
@@ -121,15 +123,28 @@ def containers(compose: dict[str, Any], directory: Path) -> dict[str, Container]
     return out
 
 
-def reachable(compose: dict[str, Any]) -> dict[str, set[int]]:
-    """Host name on the compose network -> the ports served there."""
+def _aliases(service: Mapping[str, Any]) -> list[str]:
+    networks = service.get("networks") or {}
+    return [a for n in (networks.values() if isinstance(networks, dict) else []) for a in (n or {}).get("aliases", [])]
+
+
+def _node_rank(container: Container) -> str | None:
+    """torchrun's --node-rank of a container, None when torchrun does not launch it."""
+    return None if container.torchrun is None else container.torchrun.get("node-rank")
+
+
+def reachable(compose: dict[str, Any], directory: Path | None = None) -> dict[str, set[int]]:
+    """Host name (service name or network alias) on the compose network -> the ports served there. A torchrun node
+    other than node 0 serves nothing."""
     ports = default_ports()
     hosts: dict[str, set[int]] = {}
+    cooper = containers(compose, directory or ROOT)
     for name, service in compose["services"].items():
         if image_repo(service.get("image", "")) == "redis":
             hosts[name] = {REDIS_PORT}
-        elif name in (*SERVICES, REPLICA):
-            hosts[name] = set(ports[name].values())
+        elif name in cooper and cooper[name].role in (*SERVICES, REPLICA) and _node_rank(cooper[name]) in (None, "0"):
+            for host in (name, *_aliases(service)):
+                hosts[host] = set(ports[cooper[name].role].values())
     return hosts
 
 
@@ -215,7 +230,11 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
     problems = []
     services = compose["services"]
     ports = default_ports()
-    by_role = {c.role: (name, c) for name, c in containers(compose, directory).items()}
+    # The service that runs a role by default (no profile), else the first that does (the replicas' profile).
+    by_role: dict[str | None, tuple[str, Container]] = {}
+    for name, c in containers(compose, directory).items():
+        if c.role not in by_role or (not services[name].get("profiles") and services[by_role[c.role][0]].get("profiles")):
+            by_role[c.role] = (name, c)
     for role in (*SERVICES, REPLICA, "orchestrator"):
         if role not in by_role:
             command = {"orchestrator": "train", REPLICA: "serve reward` with reward.role=replica`"}.get(role, f"serve {role}")
@@ -233,7 +252,12 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
                             f"{IMAGES[image_repo(container.image)].name}")
         if _gpu_reserved(service) != (role in GPU_SERVICES):
             problems.append(f"{container.origin}: a GPU reservation is {'missing' if role in GPU_SERVICES else 'not wanted'}")
-        if role == "policy":
+        if container.torchrun is not None:
+            problems += torchrun_problems(container, len(_gpu_ids(service)), container.origin)
+            if service.get("restart") != "on-failure":
+                problems.append(f"{container.origin}: restart is {service.get('restart')}; a torchrun node must be "
+                                "restarted on-failure (a lost peer makes it exit non-zero; a clean stop stays down)")
+        elif role == "policy":
             problems += policy_rank_problems(container.env.get("COOPER_POLICY__WORLD_SIZE"), len(_gpu_ids(service)),
                                              container.origin)
         published = _published(service)
@@ -249,11 +273,16 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
                 if host and "-" not in host:
                     problems.append(f"{container.origin}: publishes the fixed host port {host}, which `--scale` "
                                     "cannot bind twice; publish a range (8100-8115:8000)")
-        if role in (*SERVICES, REPLICA):
+        if _node_rank(container) not in (None, "0"):
+            if not (service.get("healthcheck") or {}).get("disable"):
+                problems.append(f"{container.origin}: torchrun node {_node_rank(container)} serves no gRPC; its "
+                                "healthcheck must be disabled (`healthcheck: disable: true`)")
+        elif role in (*SERVICES, REPLICA):
             port = _healthcheck_port(service)
             if port != ports[role]["grpc"]:
                 problems.append(f"{container.origin}: healthcheck checks port {port}, but {role} serves gRPC on "
                                 f"{ports[role]['grpc']}")
+    problems += node_group_problems(compose, directory)
     if "orchestrator" in by_role:
         name, _ = by_role["orchestrator"]
         depends = services[name].get("depends_on") or {}
@@ -275,4 +304,41 @@ def rule_problems(compose: dict[str, Any], directory: Path) -> list[str]:
         mounts = [str(v).split(":")[1] for v in redis[0].get("volumes", []) if ":" in str(v)]
         if "--appendonly yes" not in command or "/data" not in mounts:
             problems.append("compose service redis: needs `--appendonly yes` and a volume at /data")
+    return problems
+
+
+def node_group_problems(compose: dict[str, Any], directory: Path) -> list[str]:
+    """The torchrun nodes of each profile form one group: node ranks 0..M-1 for --nnodes=M, the same launcher
+    options, config and environment on every node, --master-addr naming node 0, and node 0 answering to the host the
+    orchestrator calls for the policy."""
+    services = compose["services"]
+    cooper = containers(compose, directory)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, c in cooper.items():
+        if c.torchrun is not None:
+            groups.setdefault(tuple(services[name].get("profiles") or ()), []).append(name)
+    orchestrator = next((c for c in cooper.values() if c.role == "orchestrator"), None)
+    policy_host = ((orchestrator.env if orchestrator else {}).get("COOPER_POLICY__SERVER__ADDRESS") or "").rpartition(":")[0]
+    problems = []
+    for profiles, names in groups.items():
+        where = f"docker-compose.yml: the torchrun nodes {names} (profile {', '.join(profiles) or 'none'})"
+        nodes = {name: cooper[name] for name in names}
+        ranks = sorted(str(c.torchrun.get("node-rank")) for c in nodes.values())  # type: ignore[union-attr]
+        counts = {c.torchrun.get("nnodes") for c in nodes.values()}  # type: ignore[union-attr]
+        if len(counts) != 1 or ranks != [str(i) for i in range(len(names))] or counts != {str(len(names))}:
+            problems.append(f"{where}: node ranks {ranks} with --nnodes {sorted(map(str, counts))}; expected ranks "
+                            f"0..{len(names) - 1} and --nnodes={len(names)}")
+        shared = {(tuple(sorted((k, v) for k, v in c.torchrun.items() if k != "node-rank")),  # type: ignore[union-attr]
+                   tuple(c.cooper_args or []), tuple(sorted(c.env.items())), tuple(sorted(c.files.items())))
+                  for c in nodes.values()}
+        if len(shared) != 1:
+            problems.append(f"{where}: must run the same command (but --node-rank), config and environment")
+        first = next(iter(nodes))
+        zero = next((name for name, c in nodes.items() if c.torchrun.get("node-rank") == "0"), first)  # type: ignore[union-attr]
+        master = nodes[first].torchrun.get("master-addr")  # type: ignore[union-attr]
+        if master != zero:
+            problems.append(f"{where}: --master-addr={master}; node 0 is the service {zero}")
+        if policy_host and policy_host not in (zero, *_aliases(services[zero])):
+            problems.append(f"compose service {zero}: node 0 serves the policy's gRPC, but the orchestrator calls "
+                            f"{policy_host}; give {zero} the network alias {policy_host}")
     return problems

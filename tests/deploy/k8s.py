@@ -1,21 +1,28 @@
-"""Assembled Kubernetes objects as data: schemas, the containers they would run, references between objects, probes
-and ports, and a small NetworkPolicy evaluator that answers "may pod A reach port P of pod B"."""
+"""Assembled Kubernetes objects as data: schemas (JobSet's from its published CRD), the containers they would run,
+references between objects, probes and ports, and a small NetworkPolicy evaluator that answers "may pod A reach port
+P of pod B"."""
 
 from __future__ import annotations
 
 import base64
+import copy
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
+import yaml
 
 from .common import (
     GPU_SERVICES,
     IMAGES,
     REDIS_PORT,
+    RENDEZVOUS_PORT,
     REPLICA,
     SERVICES,
     Container,
@@ -24,13 +31,22 @@ from .common import (
     image_entrypoint,
     image_repo,
     policy_rank_problems,
+    torchrun_problems,
 )
-from .kustomize import pod_spec
+from .kustomize import pod_spec, pod_template
 
 Obj = dict[str, Any]
 # Native gRPC probes are GA from 1.27: validate against it and against the newest schemas the package ships.
 K8S_VERSIONS = ("1.27", kubernetes_validate.utils.latest_version())
-WORKLOADS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "CronJob", "Pod"}
+WORKLOADS = {"Deployment", "StatefulSet", "Job", "DaemonSet", "CronJob", "Pod", "JobSet"}
+# jobset.x-k8s.io_jobsets.yaml from github.com/kubernetes-sigs/jobset (config/components/crd/bases, tag v0.12.0),
+# Apache-2.0: see tests/deploy/NOTICE.
+JOBSET_CRD = Path(__file__).with_name("jobset-crd.yaml")
+# Labels Kubernetes (Indexed Jobs) and JobSet put on each pod they create.
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+JOBSET_NAME, REPLICATED_JOB = "jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/replicatedjob-name"
+# The kernel's default ephemeral ports, where gloo and NCCL listen for their peers.
+COLLECTIVE_PORTS = (32768, 60999)
 
 
 def _id(obj: Obj) -> str:
@@ -38,9 +54,18 @@ def _id(obj: Obj) -> str:
 
 
 def schema_problems(objs: list[Obj], version: str) -> list[str]:
-    """Strict validation (unknown fields are errors) against the Kubernetes OpenAPI schemas of `version`."""
+    """Strict validation (unknown fields are errors) against the Kubernetes OpenAPI schemas of `version`; a JobSet
+    against JobSet's CRD schema, and each of its Job templates against `version`'s Job schema as well."""
     problems = []
     for obj in objs:
+        if obj.get("kind") == "JobSet":
+            problems += jobset_schema_problems(obj)
+            for rj in obj.get("spec", {}).get("replicatedJobs") or []:
+                job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{obj['metadata']['name']}-{rj.get('name')}"},
+                       "spec": (rj.get("template") or {}).get("spec")}
+                problems += [f"{_id(obj)} replicatedJob {rj.get('name')}: {p}"
+                             for p in schema_problems([job], version)]
+            continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as err:
@@ -49,6 +74,47 @@ def schema_problems(objs: list[Obj], version: str) -> list[str]:
         except kubernetes_validate.SchemaNotFoundError as err:
             problems.append(f"{_id(obj)}: {err.message}")
     return problems
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's structural schema as the API server applies it with strict field validation: an object that lists its
+    properties takes no others, unless it says x-kubernetes-preserve-unknown-fields."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            out[key] = _strict(schema[key])
+    for key in ("anyOf", "allOf", "oneOf"):
+        if key in schema:
+            out[key] = [_strict(s) for s in schema[key]]
+    if "properties" in schema:
+        out["properties"] = {name: _strict(s) for name, s in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    return out
+
+
+@cache
+def _jobset_validator() -> jsonschema.Draft4Validator:
+    crd = yaml.safe_load(JOBSET_CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+    schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    # The CRD leaves metadata to the API server's ObjectMeta; check the fields a manifest sets.
+    schema["properties"]["metadata"] = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}, "additionalProperties": False}
+    schema["properties"]["apiVersion"]["enum"] = [f"{crd['spec']['group']}/{version['name']}"]
+    schema["properties"]["kind"]["enum"] = [crd["spec"]["names"]["kind"]]
+    return jsonschema.Draft4Validator(schema)
+
+
+def jobset_schema_problems(obj: Obj) -> list[str]:
+    """A JobSet against the openAPIV3Schema of JobSet's published CRD, strictly (unknown fields are errors). The
+    CRD's CEL rules (x-kubernetes-validations) are not evaluated; jobset_problems checks what Cooper relies on."""
+    return [f"{_id(obj)} (JobSet CRD): {'.'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message}"
+            for e in _jobset_validator().iter_errors(obj)]
 
 
 def _find(objs: list[Obj], kind: str, name: str) -> Obj | None:
@@ -197,17 +263,25 @@ class Pod:
 
 
 def pods(objs: list[Obj]) -> list[Pod]:
+    """One pod per workload, but a JobSet's as many as its Jobs run, each with the labels Kubernetes and JobSet add
+    (the completion index, which the Service `policy` selects on)."""
     out = []
     for obj in objs:
         spec = pod_spec(obj)
         if spec is None:
             continue
-        template = obj if obj["kind"] == "Pod" else obj["spec"]["template"]
-        labels = template.get("metadata", {}).get("labels", {})
+        labels = pod_template(obj).get("metadata", {}).get("labels", {})
         ports = {p.get("name", str(p["containerPort"])): p["containerPort"]
                  for c in spec.get("containers", []) for p in c.get("ports", [])}
         role = labels.get("app.kubernetes.io/component", obj["metadata"]["name"])
-        out.append(Pod(role, labels, obj["metadata"].get("namespace", "default"), ports))
+        namespace = obj["metadata"].get("namespace", "default")
+        if obj["kind"] != "JobSet":
+            out.append(Pod(role, labels, namespace, ports))
+            continue
+        rj = obj["spec"]["replicatedJobs"][0]
+        for index in range(int(rj["template"]["spec"].get("parallelism", 1))):
+            added = {COMPLETION_INDEX: str(index), JOBSET_NAME: obj["metadata"]["name"], REPLICATED_JOB: rj["name"]}
+            out.append(Pod(role, {**labels, **added}, namespace, ports))
     return out
 
 
@@ -273,7 +347,13 @@ def reachable(objs: list[Obj]) -> dict[str, set[int]]:
 
 
 def _probe_port(container: Obj, probe: str) -> int | None:
-    return ((container.get(probe) or {}).get("grpc") or {}).get("port")
+    """The port a gRPC probe asks, or the one an exec probe's `cooper.runtime.healthcheck 127.0.0.1:PORT` does."""
+    spec = container.get(probe) or {}
+    if "exec" in spec:
+        command = " ".join(spec["exec"].get("command", []))
+        match = re.search(r"cooper\.runtime\.healthcheck\s+127\.0\.0\.1:(\d+)", command)
+        return int(match.group(1)) if match else None
+    return (spec.get("grpc") or {}).get("port")
 
 
 def _health_port(role: str, env: Mapping[str, str]) -> int | None:
@@ -294,6 +374,10 @@ def rule_problems(objs: list[Obj]) -> list[str]:
             problems.append(f"no container runs the {role}")
     for container in cooper.values():
         problems += env_name_problems(container.env, container.origin)
+    roles = [c.role for c in containers(objs)]
+    for role in (*SERVICES, "orchestrator"):
+        if roles.count(role) > 1:  # two trainers of one model would write the same checkpoints
+            problems.append(f"the {role} runs in {roles.count(role)} workloads; one runs it")
     for obj in objs:
         spec = pod_spec(obj)
         for c in (spec or {}).get("containers", []):
@@ -310,13 +394,17 @@ def rule_problems(objs: list[Obj]) -> list[str]:
             requested = int((c.get("resources", {}).get("requests") or {}).get("nvidia.com/gpu", gpus))
             if requested != gpus:
                 problems.append(f"{where}: requests {requested} nvidia.com/gpu but limits {gpus}; they must be equal")
-            if role == "policy":
+            if cooper[role].torchrun is not None:
+                problems += torchrun_problems(cooper[role], gpus, where)
+            elif role == "policy":
                 problems += policy_rank_problems(cooper[role].env.get("COOPER_POLICY__WORLD_SIZE"), gpus, where)
             if role == "orchestrator":
                 if obj["kind"] != "Job" or spec.get("restartPolicy") not in {"OnFailure", "Never"}:
                     problems.append(f"{where}: the orchestrator runs as a Job that retries failures")
                 continue
-            if obj["kind"] != "Deployment":
+            if obj["kind"] == "JobSet" and role == "policy":
+                problems += jobset_problems(objs, obj, cooper[role])
+            elif obj["kind"] != "Deployment":
                 problems.append(f"{where}: service {role} should be a Deployment, not a {obj['kind']}")
             served = {p["containerPort"] for p in c.get("ports", [])}
             if not set(ports[role].values()) <= served:
@@ -330,6 +418,11 @@ def rule_problems(objs: list[Obj]) -> list[str]:
                 if (port is None and probe != "startupProbe") or (port is not None and port != probe_port):
                     why = " (TLS is on: the plaintext server.health_port)" if tls else ""
                     problems.append(f"{where}: {probe} must be a gRPC probe on port {probe_port}{why}, got {port}")
+                # Every node of a JobSet gets the same probes, but only node 0 serves: the others must pass.
+                guarded = "JOB_COMPLETION_INDEX" in " ".join((c.get(probe) or {}).get("exec", {}).get("command", []))
+                if obj["kind"] == "JobSet" and port is not None and not guarded:
+                    problems.append(f"{where}: {probe} asks port {port} on every node, but only node 0 serves it; "
+                                    "make it an exec probe that passes where JOB_COMPLETION_INDEX is not 0")
             service = _find(objs, "Service", role)
             service_ports = {(p["port"], p.get("targetPort", p["port"])) for p in (service or {"spec": {}})["spec"].get("ports", [])}
             kind, port = ("HTTP", ports[role]["http"]) if role == REPLICA else ("gRPC", ports[role]["grpc"])
@@ -350,6 +443,66 @@ def rule_problems(objs: list[Obj]) -> list[str]:
         if REDIS_PORT not in reachable(objs).get("redis", set()):
             problems.append(f"Service/redis: must expose {REDIS_PORT}")
     return problems
+
+
+def jobset_problems(objs: list[Obj], jobset: Obj, container: Container) -> list[str]:
+    """The policy's JobSet: one replicated Job of M indexed pods (M = torchrun's --nnodes) that restarts as a group,
+    stable host names, node rank from the completion index, node 0's host name as the rendezvous, and the Service
+    `policy` on node 0 alone."""
+    where = _id(jobset)
+    problems = []
+    spec = jobset["spec"]
+    options = container.torchrun or {}
+    if container.torchrun is None:
+        problems.append(f"{where}: the policy's nodes must run torchrun (every node the same command)")
+    jobs = spec.get("replicatedJobs", [])
+    if len(jobs) != 1 or jobs[0].get("replicas", 1) != 1:
+        problems.append(f"{where}: expected one replicatedJob with one Job (replicas: 1), got {len(jobs)}")
+        return problems
+    rj, job = jobs[0], jobs[0]["template"]["spec"]
+    nodes = options.get("nnodes", "")
+    if job.get("completionMode") != "Indexed" or str(job.get("parallelism")) != nodes or \
+            str(job.get("completions")) != nodes:
+        problems.append(f"{where}: the Job must be Indexed with parallelism = completions = --nnodes ({nodes}), got "
+                        f"{job.get('completionMode')} {job.get('parallelism')}/{job.get('completions')}")
+    if job.get("backoffLimit") != 0 or job["template"]["spec"].get("restartPolicy") != "Never":
+        problems.append(f"{where}: a failed pod must fail its Job (backoffLimit 0, restartPolicy Never), so that "
+                        "JobSet restarts the whole group")
+    if int((spec.get("failurePolicy") or {}).get("maxRestarts", 0)) < 1:
+        problems.append(f"{where}: failurePolicy.maxRestarts must be at least 1: a lost node restarts the group")
+    network = spec.get("network") or {}
+    subdomain = network.get("subdomain", jobset["metadata"]["name"])
+    if not network.get("enableDNSHostnames"):
+        problems.append(f"{where}: network.enableDNSHostnames must be true (the nodes meet by host name)")
+    if network.get("publishNotReadyAddresses") is False:
+        problems.append(f"{where}: network.publishNotReadyAddresses false hides the nodes until they are ready, "
+                        "which is after the rendezvous")
+    if _find(objs, "Service", subdomain) is not None:
+        problems.append(f"{where}: subdomain {subdomain} is the name of a Service of the build; JobSet creates its "
+                        "own headless Service by that name")
+    want_master = f"{jobset['metadata']['name']}-{rj['name']}-0-0.{subdomain}"
+    if options.get("master-addr") != want_master:
+        problems.append(f"{where}: --master-addr={options.get('master-addr')}; node 0's host name is {want_master}")
+    rank_env = next((e for e in container_spec(jobset).get("env", []) if e["name"] == "JOB_COMPLETION_INDEX"), {})
+    field_path = ((rank_env.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    if options.get("node-rank") != "$(JOB_COMPLETION_INDEX)" or \
+            field_path != f"metadata.annotations['{COMPLETION_INDEX}']":
+        problems.append(f"{where}: --node-rank must be $(JOB_COMPLETION_INDEX), with JOB_COMPLETION_INDEX from "
+                        f"the fieldRef metadata.annotations['{COMPLETION_INDEX}'] (got {options.get('node-rank')}, "
+                        f"{field_path})")
+    service = _find(objs, "Service", "policy")
+    group = [p for p in pods(objs) if p.labels.get(JOBSET_NAME) == jobset["metadata"]["name"]]
+    selected = [p.labels.get(COMPLETION_INDEX) for p in group
+                if service and _selects({"matchLabels": service["spec"].get("selector", {})}, p.labels)]
+    if selected != ["0"]:
+        problems.append(f"Service/policy: must select node 0 of {where} alone (only rank 0 serves gRPC), selects "
+                        f"the pods with completion index {selected}")
+    return problems
+
+
+def container_spec(workload: Obj) -> Obj:
+    """The first container of a workload's pod template."""
+    return (pod_spec(workload) or {}).get("containers", [{}])[0]
 
 
 # --- NetworkPolicy --------------------------------------------------------------------------------------------
@@ -401,19 +554,28 @@ def _peer_matches(peer: Obj, source: Pod, policy_namespace: str) -> bool:
 def network_problems(objs: list[Obj], metrics_from_monitoring: bool) -> list[str]:
     """Every (source, target pod, target port) is allowed exactly when the deployment means it to be: gRPC only from
     the orchestrator (and the verifier from the generator; a reward replica's from nobody), Redis only from the
-    orchestrator, the reward HTTP port (trainer and replicas) from anywhere in the cluster, metrics from the monitoring namespace when `metrics_from_monitoring`."""
+    orchestrator, the reward HTTP port (trainer and replicas) from anywhere in the cluster, metrics from the monitoring
+    namespace when `metrics_from_monitoring`, and torch.distributed's ports (rendezvous, collectives) between the
+    policy's nodes when a JobSet runs it, from nobody otherwise."""
     ports = default_ports()
     targets = pods(objs)
     namespace = targets[0].namespace if targets else "default"
     sources = [*targets, Pod("stranger", {"app": "other"}, namespace, {}),
                Pod("outsider", {"app": "other"}, "elsewhere", {}),
                Pod("prometheus", {"app": "prometheus"}, "monitoring", {})]
+    # The policy's nodes talk torch.distributed on the rendezvous port and on ephemeral ports: probe those (and
+    # their neighbours) on every pod, so that they are open exactly between the nodes of a multi-node policy.
+    multi_node = any(o["kind"] == "JobSet" for o in objs)
+    low, high = COLLECTIVE_PORTS
+    collective = {RENDEZVOUS_PORT, low, (low + high) // 2, high}
     problems = []
     for target in targets:
-        for port in sorted(set(target.ports.values())):
+        for port in sorted(set(target.ports.values()) | collective | {RENDEZVOUS_PORT + 1, low - 1, high + 1}):
             for source in sources:
                 role = target.role
-                if role == REPLICA and port == ports[REPLICA]["grpc"]:
+                if multi_node and role == source.role == "policy" and (port == RENDEZVOUS_PORT or low <= port <= high):
+                    want = True  # the ephemeral range holds 50053 too: a node may listen there for a peer
+                elif role == REPLICA and port == ports[REPLICA]["grpc"]:
                     want = False  # its gRPC port only answers the kubelet's probes
                 elif role in SERVICES and port == ports[role]["grpc"]:
                     want = source.role == "orchestrator" or (role == "verifier" and source.role == "generator")

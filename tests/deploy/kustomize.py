@@ -2,11 +2,13 @@
 
 Covers what deploy/k8s uses, the way kustomize does it: `resources` (files and directories), `configMapGenerator`
 and `secretGenerator` (files, envs, literals; behavior create/replace/merge), strategic-merge `patches` (targets
-named by the patch's kind and name; lists merged by their Kubernetes merge keys), `images`, `namespace`, a
-content-hash suffix on generated names with every reference to them rewritten, and an error on duplicate objects.
-Anything else in a kustomization.yaml is an error rather than silently ignored. Left out: JSON 6902 patches,
-`$patch` directives, labels/commonLabels transformers, components, remote bases; the hash is kustomize-like (content
-digest, 10 characters), not byte-identical to kustomize's.
+named by the patch's kind and name; lists merged by their Kubernetes merge keys; a patch of only `$patch: delete`
+removes its target), `images`, `namespace`, `configurations` (nameReference field specs, which kustomize needs to
+rename generated ConfigMaps and Secrets inside a custom resource such as a JobSet), a content-hash suffix on
+generated names with every reference to them rewritten, and an error on duplicate objects. Anything else in a
+kustomization.yaml is an error rather than silently ignored. Left out: JSON 6902 patches, other `$patch` directives,
+labels/commonLabels transformers, components, remote bases; the hash is kustomize-like (content digest, 10
+characters), not byte-identical to kustomize's.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import yaml
 Obj = dict[str, Any]
 
 KNOWN_KEYS = {"apiVersion", "kind", "resources", "namespace", "images", "configMapGenerator", "secretGenerator",
-              "patches"}
+              "patches", "configurations"}
 GENERATOR_KEYS = {"name", "behavior", "files", "envs", "literals", "type"}
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole", "ClusterRoleBinding",
                   "CustomResourceDefinition", "PriorityClass"}
@@ -30,6 +32,9 @@ CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole"
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
               "volumeMounts": "mountPath", "imagePullSecrets": "name", "volumeClaimTemplates": None}
 GENERATED = "_generated"  # marker key on generated objects until their names get the hash suffix
+# Workloads kustomize knows: it rewrites generated names in their pod templates by itself. In any other kind it
+# rewrites only the paths a `configurations` file names (nameReference), as here.
+BUILT_IN_WORKLOADS = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
 
 
 class KustomizeError(ValueError):
@@ -38,24 +43,34 @@ class KustomizeError(ValueError):
 
 def build(directory: str | Path) -> list[Obj]:
     """The objects `kustomize build DIRECTORY` would print (generated names carry their hash suffix)."""
-    objs = _assemble(Path(directory))
-    _add_hash_suffixes(objs)
+    name_references: list[Obj] = []
+    objs = _assemble(Path(directory), name_references)
+    _add_hash_suffixes(objs, name_references)
     return objs
+
+
+def pod_template(obj: Obj) -> Obj | None:
+    """The pod template (metadata and spec) inside a workload, or None for objects that run no pods. A JobSet's is
+    that of its first replicated Job (deploy/k8s has JobSets of one)."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return obj
+    if kind == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]
+    if kind in {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}:
+        return obj["spec"]["template"]
+    if kind == "JobSet":
+        return obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    return None
 
 
 def pod_spec(obj: Obj) -> Obj | None:
     """The pod spec inside a workload, or None for objects that run no pods."""
-    kind = obj.get("kind")
-    if kind == "Pod":
-        return obj.get("spec")
-    if kind == "CronJob":
-        return obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    if kind in {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}:
-        return obj["spec"]["template"]["spec"]
-    return None
+    template = pod_template(obj)
+    return None if template is None else template.get("spec")
 
 
-def _assemble(directory: Path) -> list[Obj]:
+def _assemble(directory: Path, name_references: list[Obj]) -> list[Obj]:
     path = directory / "kustomization.yaml"
     if not path.is_file():
         raise KustomizeError(f"{directory}: no kustomization.yaml")
@@ -67,7 +82,7 @@ def _assemble(directory: Path) -> list[Obj]:
     for entry in k.get("resources", []):
         target = directory / entry
         if target.is_dir():
-            objs += _assemble(target)
+            objs += _assemble(target, name_references)
         elif target.is_file():
             objs += [d for d in yaml.safe_load_all(target.read_text()) if d]
         else:
@@ -78,6 +93,8 @@ def _assemble(directory: Path) -> list[Obj]:
         _apply_generator(objs, gen, "Secret", directory, path)
     for patch in k.get("patches", []):
         _apply_patch(objs, patch, directory, path)
+    for entry in k.get("configurations", []):
+        name_references += _read_configuration(directory / entry, path)
     if "namespace" in k:
         for obj in objs:
             if obj["kind"] not in CLUSTER_SCOPED:
@@ -188,7 +205,24 @@ def _apply_patch(objs: list[Obj], entry: Obj, directory: Path, where: Path) -> N
         matches = [i for i, o in enumerate(objs) if o["kind"] == patch.get("kind") and o["metadata"]["name"] == name]
         if len(matches) != 1:
             raise KustomizeError(f"{source}: patch target {patch.get('kind')}/{name} matches {len(matches)} objects")
+        if patch.get("$patch") == "delete":
+            del objs[matches[0]]
+            continue
         objs[matches[0]] = _strategic_merge(objs[matches[0]], patch)
+
+
+def _read_configuration(source: Path, where: Path) -> list[Obj]:
+    """The nameReference entries of a `configurations` file: [{kind, fieldSpecs: [{kind, path}]}]."""
+    if not source.is_file():
+        raise KustomizeError(f"{where}: configuration {source} does not exist")
+    config = yaml.safe_load(source.read_text()) or {}
+    if set(config) - {"nameReference"}:
+        raise KustomizeError(f"{source}: only nameReference is supported, not {sorted(set(config) - {'nameReference'})}")
+    for entry in config.get("nameReference", []):
+        for spec in entry.get("fieldSpecs", []):
+            if set(spec) - {"kind", "path"} or not spec.get("path"):
+                raise KustomizeError(f"{source}: a fieldSpec has kind and path only, got {spec}")
+    return list(config.get("nameReference", []))
 
 
 def _containers(obj: Obj) -> list[Obj]:
@@ -214,7 +248,7 @@ def _check_unique(objs: list[Obj], where: Path) -> None:
         seen.add(key)
 
 
-def _add_hash_suffixes(objs: list[Obj]) -> None:
+def _add_hash_suffixes(objs: list[Obj], name_references: list[Obj]) -> None:
     renamed: dict[tuple[str, str], str] = {}
     for obj in objs:
         original = obj.pop(GENERATED, None)
@@ -226,10 +260,27 @@ def _add_hash_suffixes(objs: list[Obj]) -> None:
     # A changed config gets a new name, so the pods that mount it are rolled: rewrite every reference.
     for obj in objs:
         spec = pod_spec(obj)
-        if spec is None:
-            continue
-        for ref, kind, field in _name_references(spec):
-            ref[field] = renamed.get((kind, ref[field]), ref[field])
+        if spec is not None and obj["kind"] in BUILT_IN_WORKLOADS:
+            for ref, kind, field in _name_references(spec):
+                ref[field] = renamed.get((kind, ref[field]), ref[field])
+        for entry in name_references:
+            for field_spec in entry.get("fieldSpecs", []):
+                if field_spec.get("kind", obj["kind"]) == obj["kind"]:
+                    _rename_at(obj, field_spec["path"].split("/"), entry["kind"], renamed)
+
+
+def _rename_at(node: Any, path: list[str], kind: str, renamed: dict[tuple[str, str], str]) -> None:
+    """Rewrite the name at `path` (slash-separated keys; lists on the way are walked item by item)."""
+    if isinstance(node, list):
+        for item in node:
+            _rename_at(item, path, kind, renamed)
+        return
+    if not isinstance(node, dict) or path[0] not in node:
+        return
+    if len(path) == 1:
+        node[path[0]] = renamed.get((kind, node[path[0]]), node[path[0]])
+    else:
+        _rename_at(node[path[0]], path[1:], kind, renamed)
 
 
 def _name_references(spec: Obj) -> list[tuple[Obj, str, str]]:
