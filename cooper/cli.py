@@ -373,6 +373,14 @@ def _serve(args: argparse.Namespace) -> int:
     from cooper.runtime.server import run_service
 
     remove_own_temp_dir_at_exit()
+    if args.service == "policy":
+        from cooper.services.policy.placement import launched
+
+        place = launched()
+        if place is not None and place.rank > 0:  # under torchrun: only global rank 0 serves; this one follows it
+            from cooper.services.policy.ranks import follow
+
+            return follow(place)
     module = importlib.import_module(SERVICES[args.service])
     return run_service(module.create_service, config, ready_file=args.ready_file)
 

@@ -99,7 +99,7 @@ def test_two_ranks_update_like_one_and_checkpoints_move_between_world_sizes(
     one = serve(_config(make_config, tmp_path / "one-rank", 1))
     shared = tmp_path / "shared"  # written by 2 ranks, then 1, then 2 again
     two = serve(_config(make_config, shared, 2))
-    assert two.core.world_size == 2 and len(two.core.trainer.workers) == 1
+    assert two.core.world_size == 2 and list(two.core.trainer.local.processes) == [1]
     assert _max_difference(_weights(one.core), _weights(two.core)) == 0
 
     rollout = list(one.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=12, seed=7).completions)
@@ -161,7 +161,7 @@ def test_a_rank_killed_mid_update_fails_the_call_and_the_service_recovers(
     rewards = [float(i % 3 == 0) for i in range(len(rollout))]
     assert served.client.train("run", 1, rollout, rewards, group_size=4).version == 1  # checkpoint v1 written
     at_v1 = _weights(served.core)
-    rank1 = served.core.trainer.workers[0][1].pid
+    rank1 = served.core.trainer.local.processes[1].pid
 
     no_retry = PolicyClient(served.client.address, cfg.server.model_copy(update={"unavailable_timeout_s": 0}))
     outcome: dict[str, Any] = {}
@@ -191,7 +191,7 @@ def test_a_rank_killed_mid_update_fails_the_call_and_the_service_recovers(
     assert "restarted its 2 ranks" in cause.details() and "retry" in cause.details()
 
     # Recovered: new rank 1, back at the checkpoint (version 1, its weights), and the retry is applied once.
-    assert served.core.trainer.workers[0][1].pid != rank1
+    assert served.core.trainer.local.processes[1].pid != rank1
     assert served.client.info().version == 1
     assert _max_difference(_weights(served.core), at_v1) == 0
     retried = served.client.train("run", 2, rollout, rewards, group_size=4)

@@ -41,9 +41,10 @@ from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.durability import Durability
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
-from cooper.services.policy.errors import RankFailure, RanksRestarted
+from cooper.services.policy.errors import GroupLost, NotAcrossMachines, RankFailure, RanksRestarted
 from cooper.services.policy.messages import RestoreResult, TrainResult
 from cooper.services.policy.models import load_reference
+from cooper.services.policy.placement import Placement, launched
 from cooper.services.policy.trainer import (
     GRPOTrainer,
     RolloutSample,
@@ -56,22 +57,30 @@ log = logging.getLogger("cooper.policy")
 KEY_HISTORY = 256
 
 
-def resolve_world_size(world_size: int | str, device: torch.device) -> int:
-    """policy.world_size as a number of ranks; more ranks than devices is an error that says what to change."""
-    if world_size == "auto":
+def resolve_world_size(world_size: int | str, device: torch.device, place: Placement | None = None) -> int:
+    """policy.world_size as a number of ranks; more ranks than devices is an error that says what to change. Under a
+    launcher (`place`) the group is the launcher's: policy.world_size is auto, 1 (the default) or its WORLD_SIZE."""
+    if place is not None:
+        if world_size not in ("auto", 1, place.world_size):
+            raise RuntimeError(f"policy.world_size is {world_size} but the launcher started {place.world_size} ranks "
+                               "(WORLD_SIZE); set policy.world_size=auto under torchrun")
+        ranks, here = place.world_size, place.local_world_size
+    elif world_size == "auto":
         return torch.cuda.device_count() if device.type == "cuda" else 1
-    ranks = int(world_size)
-    if device.type == "cuda" and ranks > torch.cuda.device_count():
+    else:
+        ranks = here = int(world_size)
+    node = f" ({here} on this node)" if place is not None else ""
+    if device.type == "cuda" and here > torch.cuda.device_count():
         raise RuntimeError(
-            f"policy.world_size is {ranks} but {torch.cuda.device_count()} CUDA devices are visible; lower "
+            f"policy.world_size is {ranks}{node} but {torch.cuda.device_count()} CUDA devices are visible; lower "
             "policy.world_size (or set it to auto) or give the service more GPUs (compose: POLICY_GPUS, Kubernetes: "
             "the pod's nvidia.com/gpu)"
         )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if device.type == "cpu" and ranks > cores:
+    if device.type == "cpu" and here > cores:
         raise RuntimeError(
-            f"policy.world_size is {ranks} but only {cores} CPU cores are available to run the ranks on; lower "
-            "policy.world_size"
+            f"policy.world_size is {ranks}{node} but only {cores} CPU cores are available to run the ranks on; "
+            "lower policy.world_size"
         )
     return ranks
 
@@ -104,7 +113,10 @@ class PolicyCore:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.device = resolve_device(cfg.device, "policy.device")
-        self.world_size = resolve_world_size(cfg.world_size, self.device)
+        self.place = launched()
+        """This process's place in a group a launcher started on several machines (None: the service runs alone, and
+        starts its own ranks when world_size > 1)."""
+        self.world_size = resolve_world_size(cfg.world_size, self.device, self.place)
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
         self.durable = Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every,
@@ -177,13 +189,20 @@ class PolicyCore:
 
         spec = RankSpec(self.cfg, self.world_size, weights_path, self.initial_path,
                         str(checkpoint) if checkpoint else None, self.tokenizer.pad_token_id)
-        return RankGroup(spec, self.model)
+        return RankGroup(spec, self.model, self.place)
 
-    def _restart_ranks(self, failure: RankFailure) -> RanksRestarted:
+    def _restart_ranks(self, failure: RankFailure) -> RanksRestarted | GroupLost:
         """After a rank failed: kill the group, load the latest checkpoint into rank 0's model (in place, so the
-        engine keeps its module) and start the ranks again from it. Returns the error the failed call raises."""
-        log.error("policy: %s; restarting the ranks from the latest checkpoint", failure)
+        engine keeps its module) and start the ranks again from it. Returns the error the failed call raises. A group
+        a launcher started on several machines cannot be started again from here: GroupLost, and its launcher
+        restarts every process."""
         self.trainer.kill()
+        if self.place is not None:
+            log.error("policy: %s; the group cannot go on, and this service stops so that its launcher starts every "
+                      "rank again (from the latest checkpoint and the update journal)", failure)
+            return GroupLost(f"{failure}; the update was not applied. The policy's {self.world_size} ranks are "
+                             "restarting from the latest checkpoint; retry the call")
+        log.error("policy: %s; restarting the ranks from the latest checkpoint", failure)
         self.durable.wait()  # its copy was taken before the failure: let it land, it is the latest
         checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
@@ -270,6 +289,9 @@ class PolicyCore:
                     raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
                                      str(recorded.get("checkpoint", "")), True)
+            if self.place is not None:
+                raise NotAcrossMachines("Restore is not available yet for a policy launched across machines "
+                                        "(torchrun); run the reward-hacking alarm with alarm.action=warn there")
             self.durable.wait()  # a checkpoint still being written may be the one to restore
             target, restored_version = self._restore_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path

@@ -9,3 +9,13 @@ class RankFailure(RuntimeError):
 class RanksRestarted(RuntimeError):
     """The call failed because a rank failed, and the service has started its ranks again from the latest
     checkpoint: the update was not applied, and a retry will be. Servers answer it with UNAVAILABLE."""
+
+
+class GroupLost(RuntimeError):
+    """The call failed because a rank of a group that a launcher started on several machines failed: the update was
+    not applied, and the service stops (exit 1) so that the launcher starts every rank again, from the latest
+    checkpoint plus the update journal. Servers answer it with UNAVAILABLE; clients retry until the group is back."""
+
+
+class NotAcrossMachines(RuntimeError):
+    """An operation a policy launched across machines does not offer yet; servers answer FAILED_PRECONDITION."""

@@ -1,21 +1,30 @@
-"""The policy service's training ranks: rank 0 is the service process, ranks 1..N-1 are processes it spawns.
+"""The policy service's training ranks, on one machine or several: rank 0 serves gRPC and drives, every other rank
+follows its commands. One mechanism for both:
 
-Launch: `RankGroup` opens a TCPStore on a free loopback port, spawns the other ranks (multiprocessing, spawn),
-and all N join one process group (NCCL on CUDA, gloo on the CPU) through it. Each rank loads the model, shards it
-with FSDP2 (`sharded.shard_model`) and loads its shard of the optimizer state from the checkpoint it was given.
-The service's command line does not change (`cooper serve policy`), so compose and Kubernetes only set
-`policy.world_size` and the GPU count. Multi-node would need torchrun and a control channel over the network;
-see docs/operations.md, "Several GPUs".
+- several machines: `torchrun ... -m cooper.cli serve policy` on every node (docs/multi-node.md). torchrun gives
+  each process RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`Placement`); global
+  rank 0 serves, every other process runs `follow`;
+- one machine (`policy.world_size: N`, no launcher): the service is rank 0 and starts ranks 1..N-1 itself
+  (`LocalRanks`), each given the environment torchrun would give it and running the same `follow`.
 
-Driving: rank 0 sends each command down a pipe to every other rank, runs the same command itself, then waits for
-each rank's acknowledgement. Commands are method names of `RankTrainer`; the collectives inside pair up because
-every rank runs the same method in the same order. Idle ranks block on their pipe, not in a collective, so no
-process-group timeout fires between calls, however long a rollout takes.
+Control: rank 0 names each command in the TCPStore at MASTER_ADDR:MASTER_PORT (`cmd/<n>`); every other rank waits
+for it there, then receives its own arguments from rank 0 over a gloo group (a rollout share can exceed the store's
+8 MB values), runs the command (its collectives pair up with the other ranks' because every rank runs the same
+commands in the same order) and answers in the store (`ack/<n>/<rank>`). Idle ranks wait on the store, not in a
+collective, so no process-group timeout fires between calls however long a rollout takes; a store that stops
+answering (its host, node 0, gone) ends the rank.
 
-Failure: a rank that dies is noticed at once (its process sentinel; gloo peers also see the closed connection),
-a rank that raises reports its error and exits (so that no peer waits for it in a collective), and rank 0 raises
-`RankFailure` naming the rank. The group cannot continue without the lost shard: `PolicyCore` then kills the
-remaining ranks and starts a new group from the latest checkpoint.
+Failure: the collectives run under `policy.distributed.timeout_s`. A rank that dies closes its connections, so its
+peers' collectives fail at once; a node that vanishes is noticed when the timeout runs out; a rank that raises reports
+its error and exits, so that no peer waits for it. Rank 0 then raises `RankFailure` naming the rank. On one machine
+PolicyCore kills the group and starts a new one from the latest checkpoint plus the update journal; across machines
+it cannot start processes on other nodes, so the call answers UNAVAILABLE, the service exits non-zero, and the
+launcher (torchrun --max-restarts, compose's restart policy, JobSet's failurePolicy) starts the whole group again,
+which resumes the same way.
+
+Placement of the shards: one node, or one rank per node, is plain FSDP2 over all ranks; several nodes with several
+ranks each is hybrid sharding (a 2-D mesh: shard within a node, replicate across nodes), so the all-gathers of
+every forward stay on the node's fast links.
 """
 
 from __future__ import annotations
@@ -23,34 +32,41 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import signal
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import OPTIMIZER_FILE
 from cooper.runtime.devices import rank_device, resolve_autocast
-from cooper.runtime.models import load_causal_lm
+from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.errors import RankFailure
 from cooper.services.policy.models import load_reference
+from cooper.services.policy.placement import Placement
 from cooper.services.policy.sharded import RankTrainer, shard_model, split_batch
 from cooper.services.policy.trainer import PolicyUpdater, RolloutSample
 
 log = logging.getLogger("cooper.policy")
 
+POLL_S = 0.02
+"""The longest pause between two looks at the store while a rank waits for a key (the first ones come sooner)."""
+
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What every rank needs to build its shard; picklable, sent to the spawned ranks."""
+    """What every rank needs to build its shard: rank 0 publishes it in the store, so that every rank loads the same
+    checkpoint (the checkpoint directory is shared: one volume, on every node)."""
 
     cfg: PolicyConfig
     world_size: int
@@ -58,7 +74,46 @@ class RankSpec:
     initial_path: str  # the frozen reference
     checkpoint: str | None  # where the optimizer state comes from; None = fresh
     pad_id: int
-    store_port: int = 0
+
+
+class Control:
+    """The command channel over the group's TCPStore (see the module docstring); keys under one prefix per group."""
+
+    def __init__(self, place: Placement, timeout_s: float, host: bool):
+        self.place = place
+        self.timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(place.master_addr, place.master_port, place.world_size, is_master=host,
+                                   wait_for_workers=False, timeout=self.timeout)
+        self.prefix = f"cooper/policy/{place.generation}/"
+
+    def set(self, key: str, value: Any) -> None:
+        self.store.set(self.prefix + key, pickle.dumps(value))
+
+    def get(self, key: str) -> Any:
+        return pickle.loads(self.store.get(self.prefix + key))
+
+    def wait(self, keys: Sequence[str], seconds: float) -> bool:
+        """True once every key is set; False after `seconds`. A store that cannot be reached raises. Polled with
+        `check`, not the store's own timed wait, which logs a warning at every timeout."""
+        deadline = time.monotonic() + seconds
+        pause = 0.001
+        while not self.store.check([self.prefix + k for k in keys]):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(POLL_S, pause * 2)
+        return True
+
+    def wait_idle(self, key: str) -> None:
+        """Wait for `key` as long as it takes (an idle rank between commands)."""
+        while not self.wait([key], 3600):
+            pass
+
+    def delete(self, key: str) -> None:
+        self.store.delete_key(self.prefix + key)
+
+    def process_group_store(self) -> dist.Store:
+        return dist.PrefixStore(self.prefix + "pg/", self.store)
 
 
 def load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
@@ -68,18 +123,30 @@ def load_models(spec: RankSpec, device: torch.device) -> tuple[Any, Any | None]:
     return model, load_reference(spec.cfg, spec.initial_path, resolve_autocast(spec.cfg.dtype, device), cpu)
 
 
-def join_group(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.device, models: tuple[Any, Any | None]
-          ) -> RankTrainer:
-    """Join the process group, shard the models onto this rank's device, load the optimizer shard."""
+def device_mesh(place: Placement, device: torch.device) -> DeviceMesh:
+    """FSDP2 over every rank, or, with several nodes of several ranks, hybrid sharding: replicate across nodes
+    (dim 0), shard within a node (dim 1)."""
+    if place.nodes > 1 and place.local_world_size > 1:
+        return init_device_mesh(device.type, (place.nodes, place.local_world_size),
+                                mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device.type, (place.world_size,))
+
+
+def join_group(spec: RankSpec, place: Placement, control: Control, device: torch.device,
+               models: tuple[Any, Any | None]) -> tuple[RankTrainer, Any]:
+    """Join the process group (and the gloo group that carries commands' arguments), shard the models onto this
+    rank's device, load the optimizer shard. Returns the trainer and the argument group."""
     cfg = spec.cfg
     if device.type == "cuda":  # per thread: rank 0 joins on its own rank thread
         torch.cuda.set_device(device)
     backend = cfg.distributed.backend
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=spec.world_size,
-                            timeout=timedelta(seconds=cfg.distributed.timeout_s))
-    mesh = init_device_mesh(device.type, (spec.world_size,))
+    timeout = timedelta(seconds=cfg.distributed.timeout_s)
+    dist.init_process_group(backend, store=control.process_group_store(), rank=place.rank,
+                            world_size=place.world_size, timeout=timeout)
+    arguments = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    mesh = device_mesh(place, device)
     autocast = resolve_autocast(cfg.dtype, device)
     # On CUDA the forward runs in bf16 through FSDP's mixed precision (params cast once per all-gather) instead of
     # autocast; the sharded weights, gradients' reduction (by default) and AdamW state stay float32.
@@ -98,41 +165,59 @@ def join_group(spec: RankSpec, rank: int, store: dist.TCPStore, device: torch.de
         saved = torch.load(os.path.join(spec.checkpoint, OPTIMIZER_FILE), map_location="cpu", weights_only=True,
                            mmap=True)
         trainer.load_full_optimizer_state(saved)
-    return trainer
+    return trainer, arguments
 
 
-def rank_main(spec: RankSpec, rank: int, conn: Connection) -> None:
-    """Entry point of ranks 1..N-1: build the shard, then run rank 0's commands until told to stop."""
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(levelname)s policy rank {rank}: %(message)s")
+def follow(place: Placement) -> int:
+    """A rank other than 0: build its shard from the spec rank 0 publishes, then run rank 0's commands until told to
+    stop. Returns the exit code (a rank that fails exits at once: see the module docstring)."""
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s %(levelname)s policy rank {place.rank}: %(message)s")
+    control: Control | None = None
     try:
+        control = Control(place, timeout_s=600, host=False)
+        control.wait_idle("spec")
+        spec: RankSpec = control.get("spec")
+        control.timeout = timedelta(seconds=spec.cfg.distributed.timeout_s)
         if spec.cfg.torch_threads:
             torch.set_num_threads(spec.cfg.torch_threads)
-        device = rank_device(spec.cfg.device, rank, "policy.device")
+        device = rank_device(spec.cfg.device, place.local_rank, "policy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        resolve_model(spec.cfg.model, "causal")  # a model built on the spot (tiny) is built on this node too
         models = load_models(spec, device)
-        conn.send(("loaded", None))
-        store = dist.TCPStore("127.0.0.1", spec.store_port, spec.world_size, is_master=False,
-                              timeout=timedelta(seconds=spec.cfg.distributed.timeout_s))
-        trainer = join_group(spec, rank, store, device, models)
-        conn.send(("ready", None))
-        while True:
-            try:
-                command, args = conn.recv()
-            except EOFError:  # rank 0 is gone; so is the group
-                os._exit(0)
+        control.set(f"ack/loaded/{place.rank}", ("ok", None))
+        trainer, arguments = join_group(spec, place, control, device, models)
+        control.set(f"ack/ready/{place.rank}", ("ok", None))
+        for seq in range(1, 2**62):
+            control.wait_idle(f"cmd/{seq}")
+            command = control.get(f"cmd/{seq}")
             if command == "stop":
                 break
-            getattr(trainer, command)(*args)
-            conn.send(("ok", None))
+            received: list[Any] = [None]
+            dist.scatter_object_list(received, None, src=0, group=arguments)
+            getattr(trainer, command)(*received[0])
+            control.set(f"ack/{seq}/{place.rank}", ("ok", None))
         dist.destroy_process_group()
+        return 0
     except Exception as err:  # report, then exit at once so that no peer waits for this rank in a collective
         log.exception("failed")
-        try:
-            conn.send(("error", f"{type(err).__name__}: {err}"))
-        except OSError:
-            pass
+        if control is not None:
+            try:
+                control.set(f"error/{place.rank}", f"{type(err).__name__}: {err}")
+            except Exception:  # noqa: BLE001  the store may be what failed
+                pass
+        logging.shutdown()
         os._exit(1)
+
+
+def _local_rank_main(place: Placement) -> None:
+    """Entry point of a rank that the service started itself: the environment a launcher would set, then `follow`."""
+    from cooper.runtime.processes import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    os.environ.update(place.env())
+    os._exit(follow(place))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -143,15 +228,54 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class RankGroup(PolicyUpdater):
-    """Rank 0's side: starts the ranks, drives them, and trains the policy with them (`train_step`, the same as
-    one rank's: the advantages are computed once, over the whole rollout, then each rank gets its share).
+class LocalRanks:
+    """Ranks 1..N-1 of a one-machine group, started by the service (what torchrun does for its local ranks)."""
 
-    `rollout_model` is rank 0's unsharded copy of the weights (the engine samples from it and checkpoints save
-    it); after every update each weight is gathered into it.
+    def __init__(self, place: Placement):
+        context = mp.get_context("spawn")
+        self.processes: dict[int, mp.process.BaseProcess] = {}
+        """The started ranks' processes, by rank."""
+        for rank in range(1, place.world_size):
+            process = context.Process(target=_local_rank_main, args=(place.as_rank(rank),),
+                                      name=f"cooper-policy-rank{rank}", daemon=True)
+            process.start()
+            self.processes[rank] = process
+
+    def dead(self, wait_s: float = 0.0) -> dict[int, str]:
+        """The ranks that have exited (waiting up to `wait_s` for one to), with how."""
+        wait([p.sentinel for p in self.processes.values()], wait_s)
+        found = {}
+        for rank, process in self.processes.items():
+            if not process.is_alive():
+                process.join(5)
+                found[rank] = _describe_exit(process.exitcode)
+        return found
+
+    def join(self, seconds: float) -> None:
+        for process in self.processes.values():
+            process.join(seconds)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+
+    def kill(self) -> None:
+        for process in self.processes.values():
+            if process.is_alive():
+                process.kill()
+        for process in self.processes.values():
+            process.join(10)
+
+
+class RankGroup(PolicyUpdater):
+    """Rank 0's side: starts the other ranks (one machine) or meets them (launched), drives them, and trains the
+    policy with them (`train_step`, the same as one rank's: the advantages are computed once, over the whole rollout,
+    then each rank gets its share).
+
+    `rollout_model` is rank 0's unsharded copy of the weights (the engine samples from it and checkpoints save it);
+    after every update each weight is gathered into it.
     """
 
-    def __init__(self, spec: RankSpec, rollout_model: Any):
+    def __init__(self, spec: RankSpec, rollout_model: Any, place: Placement | None = None):
         self.spec = spec
         self.cfg = spec.cfg
         grpo = spec.cfg.grpo
@@ -159,118 +283,117 @@ class RankGroup(PolicyUpdater):
         self.world_size = spec.world_size
         self.rollout_model = rollout_model
         self.timeout_s = spec.cfg.distributed.timeout_s
-        self.workers: list[tuple[int, mp.process.BaseProcess, Connection]] = []
         self.closed = False
+        self.seq = 0
+        self.local: LocalRanks | None = None
         # Rank 0's share of every command runs on this one thread, never on the callers' (gRPC worker) threads:
         # DTensor keeps a per-thread cache that holds the process group, and a thread that outlives the group
         # would carry it into any child forked later, where freeing it deadlocks (gloo's threads are not there).
         # This thread ends in close()/kill(), after the group, so the cache goes with it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-rank0")
-        store = dist.TCPStore("127.0.0.1", 0, spec.world_size, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=self.timeout_s))
-        spec = replace(spec, store_port=store.port)
-        context = mp.get_context("spawn")
         try:
-            for rank in range(1, spec.world_size):
-                parent, child = context.Pipe()
-                process = context.Process(target=rank_main, args=(spec, rank, child), name=f"cooper-policy-rank{rank}",
-                                          daemon=True)
-                process.start()
-                child.close()
-                self.workers.append((rank, process, parent))
-            device = rank_device(self.cfg.device, 0, "policy.device")
+            if place is None:  # one machine: this process hosts the store and starts the other ranks
+                self.control = Control(Placement(0, spec.world_size, 0, spec.world_size, "127.0.0.1", 0, True),
+                                       self.timeout_s, host=True)
+                place = self.control.place = Placement(0, spec.world_size, 0, spec.world_size, "127.0.0.1",
+                                                       self.control.store.port, True)
+                self.local = LocalRanks(place)
+            else:
+                self.control = Control(place, self.timeout_s, host=not place.launcher_hosts_store)
+            self.place = place
+            self.control.set("spec", spec)
+            device = rank_device(self.cfg.device, place.local_rank, "policy.device")
             models = load_models(spec, device)
             self._collect("loaded", "start")  # a rank that fails to load fails the start here, before any collective
-            self.local = self._on_rank0(join_group, spec, 0, store, device, models)
+            self.trainer, self.arguments = self._on_rank0(join_group, spec, place, self.control, device, models)
             self._collect("ready", "start")
         except BaseException:
             self.kill()
             raise
-        self.store = store
-        log.info("policy: %d ranks ready (FSDP2, %s)", self.world_size, dist.get_backend())
+        log.info("policy: %d ranks ready on %d node(s) (FSDP2%s, %s)", self.world_size, place.nodes,
+                 ", hybrid" if place.nodes > 1 and place.local_world_size > 1 else "", dist.get_backend())
 
     # --- driving --------------------------------------------------------------------------------------------
 
     def _on_rank0(self, fn: Any, *args: Any) -> Any:
         return self._thread.submit(fn, *args).result()
 
-    def _failure(self, rank: int, process: mp.process.BaseProcess, command: str) -> RankFailure:
-        return RankFailure(f"policy rank {rank} of {self.world_size} {_describe_exit(process.exitcode)} during "
-                           f"{command}")
+    def _lost(self, command: str, wait_s: float) -> RankFailure | None:
+        """The rank that failed, if one did within `wait_s`: one that reported its error, or (on one machine) one
+        that exited."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank in range(1, self.world_size):
+                if self.control.wait([f"error/{rank}"], 0.0):
+                    return RankFailure(f"policy rank {rank} of {self.world_size} failed during {command}: "
+                                       f"{self.control.get(f'error/{rank}')}")
+            dead = self.local.dead() if self.local else {}
+            if dead:
+                rank, how = sorted(dead.items())[0]
+                return RankFailure(f"policy rank {rank} of {self.world_size} {how} during {command}")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
-    def _collect(self, expect: str, command: str) -> None:
-        """Wait for every other rank's `expect` message; a rank that dies or reports an error is a RankFailure."""
-        for rank, process, conn in self.workers:
-            ready = wait([conn, process.sentinel], self.timeout_s)
-            if conn in ready or conn.poll():
-                try:
-                    kind, detail = conn.recv()
-                except EOFError:
-                    process.join(5)
-                    raise self._failure(rank, process, command) from None
-                if kind == "error":
-                    raise RankFailure(f"policy rank {rank} of {self.world_size} failed during {command}: {detail}")
-                if kind != expect:
-                    raise RankFailure(f"policy rank {rank} answered {kind!r} to {command}, expected {expect!r}")
-                continue
-            process.join(5)
-            raise self._failure(rank, process, command)
+    def _collect(self, phase: str | int, command: str) -> None:
+        """Wait for every other rank's answer to `phase` (a start phase or a command's number), within the group's
+        timeout; a rank that fails, exits or does not answer is a RankFailure."""
+        keys = [f"ack/{phase}/{rank}" for rank in range(1, self.world_size)]
+        deadline = time.monotonic() + self.timeout_s
+        while not self.control.wait(keys, 0.1):
+            failure = self._lost(command, 0.0)
+            if failure is not None:
+                raise failure
+            if time.monotonic() > deadline:
+                missing = [k.rsplit("/", 1)[1] for k in keys if not self.control.wait([k], 0.0)]
+                raise RankFailure(f"policy ranks {', '.join(missing)} of {self.world_size} did not answer {command} "
+                                  f"within policy.distributed.timeout_s ({self.timeout_s:g} s)")
+        if isinstance(phase, int):
+            for key in keys:
+                self.control.delete(key)
 
-    def _dead_rank(self, command: str, wait_s: float) -> RankFailure | None:
-        """After a failed collective: the rank that died, if one did within `wait_s` (its exit may lag the error),
-        with the error it reported before exiting, if it did."""
-        ready = wait([process.sentinel for _, process, _ in self.workers], wait_s)
-        for rank, process, conn in self.workers:
-            if process.sentinel not in ready:
-                continue
-            # The sentinel closes as the process exits, a moment before it can be reaped (and has an exit code).
-            process.join(5)
-            if conn.poll():
-                try:
-                    kind, detail = conn.recv()
-                except EOFError:
-                    kind, detail = "", ""
-                if kind == "error":
-                    return RankFailure(f"policy rank {rank} of {self.world_size} failed during {command}: {detail}")
-            return self._failure(rank, process, command)
-        return None
-
-    def run(self, command: str, per_rank: Sequence[tuple[Any, ...]]) -> Any:
-        """Run `RankTrainer.<command>` on every rank (rank r with `per_rank[r]`); rank 0's result."""
+    def run(self, command: str, per_rank: Sequence[tuple[Any, ...]], rank0_extra: tuple[Any, ...] = ()) -> Any:
+        """Run `RankTrainer.<command>` on every rank (rank r with `per_rank[r]`, sent over the argument group; rank 0
+        with `rank0_extra` after them, which stays in this process); rank 0's result."""
         if self.closed:
             raise RankFailure("the policy ranks were stopped after a failure")
-        for rank, process, conn in self.workers:
-            if not process.is_alive():
-                raise self._failure(rank, process, command)
-            try:
-                conn.send((command, per_rank[rank]))
-            except OSError:
-                raise self._failure(rank, process, command) from None
+        failure = self._lost(command, 0.0)
+        if failure is not None:
+            raise failure
+        self.seq += 1
         try:
-            result = self._on_rank0(getattr(self.local, command), *per_rank[0])
+            self.control.set(f"cmd/{self.seq}", command)
+            if self.seq > 1:
+                self.control.delete(f"cmd/{self.seq - 1}")
+            result = self._on_rank0(self._rank0_share, command, per_rank, rank0_extra)
         except Exception as err:
             # A collective fails on rank 0 when a peer went away: name that rank rather than the transport error.
-            dead = self._dead_rank(command, 5.0)
-            if dead is not None:
-                raise dead from err
+            failure = self._lost(command, 5.0)
+            if failure is not None:
+                raise failure from err
             raise RankFailure(f"policy rank 0 of {self.world_size} failed during {command}: "
                               f"{type(err).__name__}: {err}") from err
-        self._collect("ok", command)
+        self._collect(self.seq, command)
         return result
+
+    def _rank0_share(self, command: str, per_rank: Sequence[tuple[Any, ...]], rank0_extra: tuple[Any, ...]) -> Any:
+        received: list[Any] = [None]
+        dist.scatter_object_list(received, list(per_rank), src=0, group=self.arguments)
+        return getattr(self.trainer, command)(*received[0], *rank0_extra)
 
     # --- the trainer interface PolicyCore uses ------------------------------------------------------------
 
     def apply_update(self, samples: Sequence[RolloutSample], advantages: torch.Tensor) -> dict[str, float]:
         """One update across the ranks, each on its share, then the new weights gathered into the rollout model."""
         parts = split_batch(samples, advantages, self.world_size, self.cfg.optim.micro_batch_size)
-        return self.run("update", [(parts[0], self.rollout_model), *[(part, None) for part in parts[1:]]])
+        return self.run("update", [(part,) for part in parts], rank0_extra=(self.rollout_model,))
 
     def optimizer_state(self) -> dict[str, Any]:
         return self.run("full_optimizer_state", [()] * self.world_size)
 
     @property
     def updates(self) -> int:
-        return self.local.updates
+        return self.trainer.updates
 
     # --- stopping -------------------------------------------------------------------------------------------
 
@@ -279,29 +402,22 @@ class RankGroup(PolicyUpdater):
         if self.closed:
             return
         self.closed = True
-        for _, process, conn in self.workers:
-            if process.is_alive():
-                try:
-                    conn.send(("stop", ()))
-                except OSError:
-                    pass
-        for _, process, _ in self.workers:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        try:
+            self.seq += 1
+            self.control.set(f"cmd/{self.seq}", "stop")
+        except Exception:  # noqa: BLE001  a store that is gone: the other ranks end on their own
+            log.debug("telling the ranks to stop", exc_info=True)
+        if self.local is not None:
+            self.local.join(30)
         dist.destroy_process_group()
         self._thread.shutdown(wait=True)
 
     def kill(self) -> None:
-        """After a failure: kill the other ranks at once and drop the group (it cannot be used again)."""
+        """After a failure: kill the other ranks this service started at once and drop the group (it cannot be used
+        again). Ranks on other nodes end when their launcher sees this process exit."""
         self.closed = True
-        for _, process, _ in self.workers:
-            if process.is_alive():
-                process.kill()
-        for _, process, conn in self.workers:
-            process.join(10)
-            conn.close()
+        if self.local is not None:
+            self.local.kill()
         if dist.is_initialized():
             # The group is broken (a member is gone); tearing it down may report that again, which says nothing new.
             try:

@@ -2,9 +2,9 @@
 
 Bad requests (and requests the vLLM engine refuses) become INVALID_ARGUMENT with the core's message; a vLLM engine
 that failed on an accepted request (`EngineError`) becomes INTERNAL with its message. A call that failed because a
-training rank died
-(world_size > 1) becomes UNAVAILABLE: the core has already started its ranks again from the latest checkpoint, so
-the retry that clients make on UNAVAILABLE is applied. Nothing else is caught, so a real failure reaches the caller
+training rank died (world_size > 1) becomes UNAVAILABLE: on one machine the core has already started its ranks again
+from the latest checkpoint; across machines (torchrun) the service stops, exit 1, and its launcher starts every rank
+again. Either way the retry that clients make on UNAVAILABLE is applied. Nothing else is caught, so a real failure reaches the caller
 as INTERNAL with its message rather than being dressed up.
 """
 
@@ -24,7 +24,7 @@ from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
-from cooper.services.policy.errors import RanksRestarted
+from cooper.services.policy.errors import GroupLost, NotAcrossMachines, RanksRestarted
 from cooper.services.policy.trainer import RolloutSample
 
 log = logging.getLogger("cooper.policy")
@@ -49,6 +49,7 @@ def sampling_params(msg: policy_pb2.Sampling) -> SamplingParams:
 class PolicyServicer(policy_pb2_grpc.PolicyServicer):
     def __init__(self, core: PolicyCore):
         self.core = core
+        self.on_group_lost: Callable[[str], None] | None = None  # GrpcService.fail, set by build_service
 
     async def _run(self, context: grpc.aio.ServicerContext, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -58,6 +59,14 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
             raise AssertionError("unreachable") from err
         except RanksRestarted as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            raise AssertionError("unreachable") from err
+        except GroupLost as err:  # the launcher restarts every rank once this service has stopped
+            if self.on_group_lost is not None:
+                self.on_group_lost(str(err))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            raise AssertionError("unreachable") from err
+        except NotAcrossMachines as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
             raise AssertionError("unreachable") from err
         except EngineError as err:
             await context.abort(grpc.StatusCode.INTERNAL, str(err))
@@ -122,6 +131,7 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
             await asyncio.to_thread(core.close)
 
     service = GrpcService("policy", config.policy.server, add, on_stop=on_stop, security=config.security)
+    servicer.on_group_lost = service.fail
     service.ready_info = {"version": core.version, "engine": core.engine.name, "world_size": core.world_size}
     return service
 

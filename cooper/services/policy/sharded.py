@@ -13,8 +13,8 @@ keeps the update equal to the single-rank one:
 - every rank runs the same number of forward and backward passes (a rank with fewer samples runs masked dummy
   micro-batches), because each pass is a collective that the other ranks wait for.
 
-Left out: tensor/sequence parallelism, hybrid sharding across nodes, sharded (DCP) checkpoints, and meta-device
-initialisation (each rank reads the whole model from disk once at start, then keeps only its shard).
+Left out: tensor/sequence parallelism, sharded (DCP) checkpoints, and meta-device initialisation (each rank reads
+the whole model from disk once at start, then keeps only its shard).
 """
 
 from __future__ import annotations
@@ -110,9 +110,9 @@ class RankTrainer(GRPOTrainer):
         torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, norm)
         return float(norm)
 
-    def update(self, part: RankBatch, into: Any | None) -> dict[str, float]:
+    def update(self, part: RankBatch, into: Any | None = None) -> dict[str, float]:
         """Collective: one update over every rank's `part` (`run_update`), then the new weights gathered into rank
-        0's rollout model (`into`); the whole batch's sums."""
+        0's rollout model (`into`; None on the other ranks); the whole batch's sums."""
         sums = self.run_update(part.samples, torch.tensor(part.advantages, dtype=torch.float32), part.micro_batches)
         gather_weights(self.model, into)
         return sums
