@@ -55,6 +55,23 @@ def engine_arguments(dtype: torch.dtype, device: torch.device, memory_fraction: 
     return arguments
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def launcher_environment_hidden() -> Iterator[None]:
+    """While an engine is built: a process a launcher (torchrun) started carries that group's RANK, WORLD_SIZE,
+    MASTER_ADDR, ... in its environment, and the engine's own processes inherit it; vLLM's worker, a world of one,
+    must not take them for its own. Put back afterwards (this process's group still needs them)."""
+    names = [n for n in os.environ if n in LAUNCHER_VARIABLES or n.startswith("TORCHELASTIC_")]
+    saved = {name: os.environ.pop(name) for name in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 @contextlib.contextmanager
 def random_state_kept() -> Iterator[None]:
     """Building vLLM in process seeds Python's, NumPy's and torch's global generators (vLLM 0.32,

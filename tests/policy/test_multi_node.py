@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ class TwoNodes:
     """Two `torchrun --nnodes 2` processes on loopback, each in a process group of its own (a "node": killing it
     kills its agent and its rank together)."""
 
-    def __init__(self, tmp: Path, checkpoint_dir: Path, name: str):
+    def __init__(self, tmp: Path, checkpoint_dir: Path, name: str, extra: Sequence[str] = ()):
         self.tmp, self.name = tmp, name
         self.ready = tmp / f"{name}.ready.json"
         self.ready.unlink(missing_ok=True)
@@ -67,7 +67,7 @@ class TwoNodes:
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
              "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
              "-m", "cooper.cli", "serve", "policy", "--port", "0", "--ready-file", str(self.ready),
-             f"policy.checkpoint_dir={checkpoint_dir}", *OVERRIDES],
+             f"policy.checkpoint_dir={checkpoint_dir}", *OVERRIDES, *extra],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
             stdout=self.logs[n], stderr=subprocess.STDOUT, start_new_session=True) for n in range(2)]
 
@@ -133,8 +133,8 @@ class TwoNodes:
 def groups(tmp_path: Path) -> Iterator[Callable[..., TwoNodes]]:
     started: list[TwoNodes] = []
 
-    def start(checkpoint_dir: Path, name: str) -> TwoNodes:
-        started.append(TwoNodes(tmp_path, checkpoint_dir, name))
+    def start(checkpoint_dir: Path, name: str, extra: Sequence[str] = ()) -> TwoNodes:
+        started.append(TwoNodes(tmp_path, checkpoint_dir, name, extra))
         return started[-1]
 
     yield start
@@ -254,3 +254,24 @@ def test_losing_the_node_of_rank_0_ends_the_other_node_too(tmp_path: Path, group
     assert group.nodes[1].wait(60) != 0, group.log(1)
     assert time.monotonic() - started < 30
     assert "failed" in group.log(1)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+def test_two_nodes_beside_vllm(tmp_path: Path, groups: Callable[..., TwoNodes]) -> None:
+    """vLLM on node 0, beside the group (its engine core in a process of its own, which must not take the launcher's
+    RANK and WORLD_SIZE for its own world), fed the gathered weights after every update: the log-probs it reports
+    for the next rollout are the trainer's under the new weights (as in test_vllm.py, within 1e-4)."""
+    group = groups(tmp_path / "ckpt", "vllm", ["policy.model=tiny-hd32", "policy.engine=vllm",
+                                               "policy.vllm_gpu_memory_utilization=0.1", "policy.grpo.kl_coef=0"])
+    with group.client(timeout_s=600) as client:
+        assert client.info().engine == "vllm"
+        for step in (1, 2):
+            rollout = client.generate(PROMPTS[:2], n=4, max_new_tokens=12, seed=step).completions
+            rewards = [float(len(c.token_ids) % 2) for c in rollout]
+            rewards[0], rewards[4] = 1.0 - rewards[1], 1.0 - rewards[5]
+            reply = client.train("vllm", step, rollout, rewards, group_size=4)
+            assert reply.version == step
+            # Step 2's rollout was sampled after update 1: had the engine kept the old weights, the trainer's pi_old
+            # would be far from the log-probs vLLM reported.
+            assert reply.metrics["rollout/logprob_abs_diff"] < 1e-4, dict(reply.metrics)

@@ -33,6 +33,7 @@ from cooper.runtime.vllm_support import (
     EngineError,
     engine_arguments,
     import_vllm,
+    launcher_environment_hidden,
     prepare_environment,
     random_state_kept,
     vllm_errors_translated,
@@ -101,7 +102,7 @@ class VLLMEngine:
         # thread count its metadata was built with: called from a gRPC worker thread, a bf16 step aborted the
         # process here ("cpu_attn_impl.hpp: Check failed: input->metadata->thread_num == thread_num (2 vs. 1)").
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
-        with random_state_kept():
+        with random_state_kept(), launcher_environment_hidden():
             self.llm = self._thread.submit(vllm.LLM, **kwargs).result()
 
     def sync_weights(self) -> None:
