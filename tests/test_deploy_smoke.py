@@ -45,10 +45,11 @@ def test_cpu_compose_drops_only_the_gpus(tmp_path):
     images = {name: s["image"] for name, s in loaded["services"].items()}
     assert images == {"redis": "cooper-redis:bookworm", **{n: "cooper:0.1.0" for n in images if n != "redis"}}
     assert not any("build" in s for s in loaded["services"].values())
-    # Every other deployment rule of the real file still holds: the only complaints are the GPUs and the Redis image
-    # (the rules find Redis by the image name redis).
+    # Every other deployment rule of the real file still holds: the only complaints are the GPUs (the multi-node
+    # profile's ranks per node included) and the Redis image (the rules find Redis by the image name redis).
     problems = compose.rule_problems(loaded, ROOT)
-    allowed = ("a GPU reservation is missing", "expected the cooper-gpu image", "expected one redis service")
+    allowed = ("a GPU reservation is missing", "expected the cooper-gpu image", "expected one redis service",
+               "but the node gets 0 GPUs; one rank per GPU")
     assert problems and all(any(a in p for a in allowed) for p in problems), problems
     original = compose.load_compose(ROOT / "docker-compose.yml")
     for name, service in loaded["services"].items():

@@ -57,14 +57,14 @@ class TwoNodes:
     """Two `torchrun --nnodes 2` processes on loopback, each in a process group of its own (a "node": killing it
     kills its agent and its rank together)."""
 
-    def __init__(self, tmp: Path, checkpoint_dir: Path, name: str, extra: Sequence[str] = ()):
-        self.tmp, self.name = tmp, name
+    def __init__(self, tmp: Path, checkpoint_dir: Path, name: str, extra: Sequence[str] = (), per_node: int = 1):
+        self.tmp, self.name, self.per_node = tmp, name, per_node
         self.ready = tmp / f"{name}.ready.json"
         self.ready.unlink(missing_ok=True)
         self.port = port = free_port()
         self.logs = [open(tmp / f"{name}-node{n}.log", "a") for n in range(2)]  # noqa: SIM115  closed in stop()
         self.nodes = [subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
              "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
              "-m", "cooper.cli", "serve", "policy", "--port", "0", "--ready-file", str(self.ready),
              f"policy.checkpoint_dir={checkpoint_dir}", *OVERRIDES, *extra],
@@ -84,7 +84,7 @@ class TwoNodes:
             assert time.monotonic() < deadline, f"the two-node policy did not become ready:\n{self.log(0)}"
             time.sleep(0.2)
         info = json.loads(self.ready.read_text())
-        assert info["world_size"] == 2
+        assert info["world_size"] == 2 * self.per_node
         # No retries: a lost node must show as UNAVAILABLE on the very call it was lost in.
         return PolicyClient(f"127.0.0.1:{info['grpc_port']}", ServerConfig(unavailable_timeout_s=0))
 
@@ -133,8 +133,8 @@ class TwoNodes:
 def groups(tmp_path: Path) -> Iterator[Callable[..., TwoNodes]]:
     started: list[TwoNodes] = []
 
-    def start(checkpoint_dir: Path, name: str, extra: Sequence[str] = ()) -> TwoNodes:
-        started.append(TwoNodes(tmp_path, checkpoint_dir, name, extra))
+    def start(checkpoint_dir: Path, name: str, extra: Sequence[str] = (), per_node: int = 1) -> TwoNodes:
+        started.append(TwoNodes(tmp_path, checkpoint_dir, name, extra, per_node))
         return started[-1]
 
     yield start
@@ -166,8 +166,11 @@ def test_the_launcher_environment_names_the_place_of_each_rank() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_nodes_update_like_one_process(tmp_path: Path, groups: Callable[..., TwoNodes]) -> None:
-    group = groups(tmp_path / "two", "parity")
+@pytest.mark.parametrize("per_node", [1, 2], ids=["fsdp-2-nodes", "hybrid-2x2"])
+def test_two_nodes_update_like_one_process(tmp_path: Path, groups: Callable[..., TwoNodes], per_node: int) -> None:
+    """One rank per node shards over both nodes; two per node is hybrid sharding (shard within a node, replicate
+    across the two): either way the update is the one-process update on the same global batch."""
+    group = groups(tmp_path / "two", "parity", per_node=per_node)
     # The config `cooper serve policy` builds on each node (the defaults and the overrides), in this process.
     one = PolicyCore(load_config(None, [*OVERRIDES, f"policy.checkpoint_dir={tmp_path / 'one'}"]).policy)
     with group.client() as client:
@@ -185,6 +188,7 @@ def test_two_nodes_update_like_one_process(tmp_path: Path, groups: Callable[...,
     assert max(float((two[n] - mine[n]).abs().max()) for n in mine) < TOLERANCE
     # The update is far larger than the tolerance, in every tensor, so the comparison is not vacuous.
     assert min(float((mine[n] - before[n]).abs().max()) for n in mine) > 10 * TOLERANCE
+    assert ("hybrid" in group.log(0, tail=10**6)) == (per_node > 1)
     group.stop()  # SIGTERM to both launchers, as a supervisor stops them: node 0's rank drains first
     assert "policy stopped" in group.log(0, tail=10**6)
 
