@@ -37,7 +37,7 @@ import signal
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
@@ -80,10 +80,10 @@ class Control:
     """The command channel over the group's TCPStore (see the module docstring); keys under one prefix per group."""
 
     def __init__(self, place: Placement, timeout_s: float, host: bool):
+        """`timeout_s` bounds connecting to the store (a rank started before the store's host waits that long)."""
         self.place = place
-        self.timeout = timedelta(seconds=timeout_s)
         self.store = dist.TCPStore(place.master_addr, place.master_port, place.world_size, is_master=host,
-                                   wait_for_workers=False, timeout=self.timeout)
+                                   wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
         self.prefix = f"cooper/policy/{place.generation}/"
 
     def set(self, key: str, value: Any) -> None:
@@ -178,7 +178,6 @@ def follow(place: Placement) -> int:
         control = Control(place, timeout_s=600, host=False)
         control.wait_idle("spec")
         spec: RankSpec = control.get("spec")
-        control.timeout = timedelta(seconds=spec.cfg.distributed.timeout_s)
         if spec.cfg.torch_threads:
             torch.set_num_threads(spec.cfg.torch_threads)
         device = rank_device(spec.cfg.device, place.local_rank, "policy.device")
@@ -292,11 +291,10 @@ class RankGroup(PolicyUpdater):
         # This thread ends in close()/kill(), after the group, so the cache goes with it.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-rank0")
         try:
-            if place is None:  # one machine: this process hosts the store and starts the other ranks
-                self.control = Control(Placement(0, spec.world_size, 0, spec.world_size, "127.0.0.1", 0, True),
-                                       self.timeout_s, host=True)
-                place = self.control.place = Placement(0, spec.world_size, 0, spec.world_size, "127.0.0.1",
-                                                       self.control.store.port, True)
+            if place is None:  # one machine: this process hosts the store (on a free port) and starts the others
+                alone = Placement(0, spec.world_size, 0, spec.world_size, "127.0.0.1", 0, launcher_hosts_store=True)
+                self.control = Control(alone, self.timeout_s, host=True)
+                place = self.control.place = replace(alone, master_port=self.control.store.port)
                 self.local = LocalRanks(place)
             else:
                 self.control = Control(place, self.timeout_s, host=not place.launcher_hosts_store)
