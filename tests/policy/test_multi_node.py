@@ -61,15 +61,26 @@ class TwoNodes:
         self.tmp, self.name, self.per_node = tmp, name, per_node
         self.ready = tmp / f"{name}.ready.json"
         self.ready.unlink(missing_ok=True)
-        self.port = port = free_port()
+        self.port = free_port()
+        self.command = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
+            "--master-addr", "127.0.0.1", "--master-port", str(self.port), "--max-restarts", "0",
+            "-m", "cooper.cli", "serve", "policy", "--port", "0", "--ready-file", str(self.ready),
+            f"policy.checkpoint_dir={checkpoint_dir}", *OVERRIDES, *extra]
         self.logs = [open(tmp / f"{name}-node{n}.log", "a") for n in range(2)]  # noqa: SIM115  closed in stop()
-        self.nodes = [subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(per_node),
-             "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "0",
-             "-m", "cooper.cli", "serve", "policy", "--port", "0", "--ready-file", str(self.ready),
-             f"policy.checkpoint_dir={checkpoint_dir}", *OVERRIDES, *extra],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-            stdout=self.logs[n], stderr=subprocess.STDOUT, start_new_session=True) for n in range(2)]
+        self.nodes = [self._start(n) for n in range(2)]
+
+    def _start(self, node: int) -> subprocess.Popen[bytes]:
+        command = [*self.command[:3], "--node-rank", str(node), *self.command[3:]]
+        return subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                        "PYTHONUNBUFFERED": "1"},
+                                stdout=self.logs[node], stderr=subprocess.STDOUT, start_new_session=True)
+
+    def restart(self, node: int) -> None:
+        """Start the node again, as a supervisor does (compose's restart policy restarts each container alone)."""
+        if node == 0:
+            self.ready.unlink(missing_ok=True)
+        self.nodes[node] = self._start(node)
 
     def log(self, node: int, tail: int = 6000) -> str:
         if not self.logs[node].closed:
@@ -279,3 +290,36 @@ def test_two_nodes_beside_vllm(tmp_path: Path, groups: Callable[..., TwoNodes]) 
             # Step 2's rollout was sampled after update 1: had the engine kept the old weights, the trainer's pi_old
             # would be far from the log-probs vLLM reported.
             assert reply.metrics["rollout/logprob_abs_diff"] < 1e-4, dict(reply.metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_nodes_restarted_one_by_one_meet_again(tmp_path: Path, groups: Callable[..., TwoNodes]) -> None:
+    """What compose's restart policy does: the lost node 1 comes back at once, while node 0 and its store are still
+    up (the new node 1 meets the old store); node 0 then notices the loss, exits and comes back too. Every process
+    that met a store that is gone ends within the group's timeout, so both nodes meet again, with nothing lost."""
+    group = groups(tmp_path / "ckpt", "one-by-one")
+    with group.client() as client:
+        rollout = rollout_of(client)
+        client.train("run", 1, rollout, REWARDS[0], group_size=3)
+    group.kill(1)
+    group.restart(1)  # before node 0 has seen anything: it is idle between calls
+    with group.client() as client:
+        with pytest.raises(ServiceUnavailable):  # node 0 finds node 1 gone on the next update
+            client.train("run", 2, rollout, REWARDS[1], group_size=3)
+    assert group.nodes[0].wait(60) != 0
+    started, restarts = time.monotonic(), 1
+    group.restart(0)
+    while not group.ready.exists():  # the supervisor: a node that exits non-zero is started again
+        assert time.monotonic() - started < 180, f"the nodes did not meet again:\n{group.log(0)}\n{group.log(1)}"
+        for node, process in enumerate(group.nodes):
+            if process.poll() is not None:
+                assert process.returncode != 0
+                group.restart(node)
+                restarts += 1
+        time.sleep(0.2)
+    with group.client() as client:
+        assert client.info().version == 1
+        assert client.train("run", 2, rollout, REWARDS[1], group_size=3).version == 2
+    print(f"\nnodes restarted one by one: serving again {time.monotonic() - started:.0f} s after node 0 exited "
+          f"({restarts} restarts)")

@@ -353,6 +353,10 @@ class PolicyCore:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
             self.durable.wait()
+            if self.world_size > 1 and self.trainer.closed:  # a group lost across machines: no state to gather
+                log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "
+                            "update since the last checkpoint")
+                return None
             return self._save(tag) if self.durable.unsaved(self.version) else None
 
     def wait_for_saves(self) -> None:

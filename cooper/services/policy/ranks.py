@@ -178,6 +178,9 @@ def follow(place: Placement) -> int:
         control = Control(place, timeout_s=600, host=False)
         control.wait_idle("spec")
         spec: RankSpec = control.get("spec")
+        # From here a store that stops answering (node 0 gone, its connection left half-open) ends this rank within
+        # the group's timeout, as a lost peer does in a collective, not after the start-up wait above.
+        control.store.set_timeout(timedelta(seconds=spec.cfg.distributed.timeout_s))
         if spec.cfg.torch_threads:
             torch.set_num_threads(spec.cfg.torch_threads)
         device = rank_device(spec.cfg.device, place.local_rank, "policy.device")
