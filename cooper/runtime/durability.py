@@ -50,13 +50,12 @@ class Durability:
     """The checkpoints and journal of one service under `root` (its checkpoint_dir)."""
 
     def __init__(self, root: str | os.PathLike[str], layout: CheckpointLayout, *, save_every: int,
-                 keep_checkpoints: int, journal: bool, save_in_background: bool, service: str,
+                 keep_checkpoints: int, journal: bool, service: str,
                  writes: bool = True):
         self.root = Path(root)
         self.layout = layout
         self.save_every = save_every
         self.keep_checkpoints = keep_checkpoints
-        self.save_in_background = save_in_background
         self.journal = UpdateJournal(self.root / JOURNAL_DIR) if journal else None
         self.writes = writes
         self.log = logging.getLogger(f"cooper.{service}")
@@ -111,12 +110,6 @@ class Durability:
         weights, optimizer_copy = snapshot_state(model, optimizer_state())
         self.background.start(lambda: self._write(model, tokenizer, optimizer_copy, state, sequence, weights))
         return str(self.layout.path(self.root, state))
-
-    def save_if_due(self, model: Any, tokenizer: Any, optimizer_state: Callable[[], dict[str, Any]],
-                    state: Callable[[], dict[str, Any]], sequence: int) -> None:
-        """The periodic checkpoint, after update `sequence`, when one is due (`save_every`)."""
-        if self.due(sequence):
-            self.save(model, tokenizer, optimizer_state, state(), sequence, background=self.save_in_background)
 
     def _write(self, model: Any, tokenizer: Any, optimizer_state: dict[str, Any], state: dict[str, Any],
                sequence: int, weights: dict[str, torch.Tensor] | None) -> Path:

@@ -121,7 +121,7 @@ class PolicyCore:
         self.initial_path = resolve_model(cfg.model, "causal")
         self.durable = Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every,
                                   keep_checkpoints=cfg.keep_checkpoints, journal=cfg.journal,
-                                  save_in_background=cfg.save_in_background, service="policy")
+                                  service="policy")
         checkpoint = self.durable.start()
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self.tokenizer = AutoTokenizer.from_pretrained(weights_path)

@@ -81,7 +81,7 @@ class RewardCore:
         trainer = config.role == "trainer"
         return Durability(config.checkpoint_dir, REWARD, save_every=config.save_every,
                           keep_checkpoints=config.keep_checkpoints, journal=trainer and config.journal,
-                          save_in_background=config.save_in_background, service="reward",
+                          service="reward",
                           writes=trainer and writes)
 
     @classmethod
