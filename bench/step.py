@@ -246,7 +246,8 @@ def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str,
         steps.append(times)
     # Dispatch latency: from the moment a job's last input finished to the moment a worker started it (the Redis
     # queue: enqueue, XREADGROUP wake-up, status writes, reading the inputs is inside the stage function).
-    graph = StepGraph(config.run.mode, config.run.steps, config.eval.every)
+    graph = StepGraph(config.run.mode, config.run.steps, config.eval.every,
+                      max_staleness=config.run.max_staleness)
     for job_id, (start, _) in spans.items():
         job = Job.parse(job_id)
         deps = [spans[d.id][1] for d in graph.dependencies(job) if d.id in spans]

@@ -406,6 +406,9 @@ class PolicyConfig(TrainerDurability):
     torch_threads: int | None = Field(default=None, ge=1)
     """CPU threads torch may use in the service process; None keeps torch's default (all cores). Tiny models run
     fastest, and steadiest on a busy machine, with 1."""
+    rollout_threads: int | None = Field(default=None, ge=1)
+    """CPU threads of the rollout process, which samples beside the trainer when run.max_staleness > 0 with the
+    transformers engine; None: torch_threads. On 2 cores with torch_threads 1, each of the two gets a core."""
     vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1)
     """Share of GPU memory vLLM may take (weights and KV cache); the trainer shares the GPU with it."""
     vllm_max_model_len: int | None = Field(default=None, ge=16)
@@ -649,6 +652,16 @@ class RunConfig(StrictModel):
     avoids because of its false negatives (correct answers in unusual forms marked INCORRECT); TIMEOUT and ERROR
     verdicts are never used, and a false negative costs one mislabelled pair among many, while a blind spot that the
     policy exploits costs the run."""
+    max_staleness: int = Field(default=0, ge=0)
+    """How many versions behind the trainer a rollout may be sampled. 0 (the paper's synchronous GRPO): rollout(t)
+    waits for policy_update(t-1) and samples version t. k > 0 (one-step-off-policy when 1, as verl's recipe,
+    prime-rl and AReaL): rollout(t) waits only for policy_update(t-k-1) and samples version max(0, t-k), so the
+    policy service generates step t while it trains step t-1, from a copy of the weights of its own (a second
+    process with the transformers engine; vLLM's engine with vLLM). The update then recomputes pi_old with the
+    trainer's current weights and weights each token by min(pi_old / pi_sampled, policy.grpo.rollout_is_cap), the
+    sampled log-probs being the ones Generate returned (AReaL's decoupled PPO objective); the cap is 2.0 when unset.
+    Each step still scores with VerifyRM v_t (the reward side keeps its order). docs/training.md, "Rollouts ahead
+    of training"."""
 
 
 class AlarmConfig(StrictModel):
@@ -722,6 +735,10 @@ paper's recipe beside the preset's cooper; on the tiny preset the `varied` gener
 assistant LLM (cooper/services/generator/varied.py)."""
 
 
+STALE_ROLLOUT_IS_CAP = 2.0
+"""policy.grpo.rollout_is_cap when run.max_staleness > 0 leaves it unset: verl's default for its rollout_is."""
+
+
 class CooperConfig(StrictModel):
     """Everything a Cooper run or service needs."""
 
@@ -745,6 +762,25 @@ class CooperConfig(StrictModel):
     """Token and TLS of every gRPC server and client."""
     alarm: AlarmConfig = Field(default_factory=AlarmConfig)
     """The reward-hacking alarm."""
+
+    @model_validator(mode="after")
+    def _rollouts_ahead_stay_exact(self) -> CooperConfig:
+        """run.max_staleness > 0: the importance cap the update needs (2.0 unless set), and the checkpoints a
+        restarted policy service rebuilds the versions behind it from."""
+        behind = self.run.max_staleness
+        if not behind:
+            return self
+        if self.policy.grpo.rollout_is_cap is None:
+            self.policy.grpo.rollout_is_cap = STALE_ROLLOUT_IS_CAP
+        if self.policy.journal and (self.policy.save_every < behind or self.policy.keep_checkpoints < 2):
+            raise ValueError(
+                f"run.max_staleness={behind} needs policy.save_every >= {behind} and policy.keep_checkpoints >= 2 "
+                f"(got {self.policy.save_every} and {self.policy.keep_checkpoints}): a restarted policy service "
+                "rebuilds the versions its next rollouts sample from out of the checkpoint before the newest one")
+        if self.alarm.mode == "act" and "rollback" in self.alarm.actions:
+            raise ValueError("alarm.actions=rollback needs run.max_staleness=0: a rollback restores the weights the "
+                             "step's rollout was sampled from, which ahead-of-training rollouts are not")
+        return self
 
     @model_validator(mode="after")
     def _vllm_accepts_every_sampling(self) -> CooperConfig:

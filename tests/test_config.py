@@ -126,3 +126,16 @@ def test_completion_seeds_are_distinct_across_prompts_children_and_requests():
     assert not set(one) & set(every_seed(4, 64, 16))
     with pytest.raises(ValueError, match="fewer prompts"):
         completion_seeds(0, 1 << 20, 32)
+
+
+def test_rollouts_ahead_get_their_importance_cap_and_the_checkpoints_to_resume_exactly():
+    ahead = load_config(None, ["run.max_staleness=1"], environ={})
+    assert ahead.policy.grpo.rollout_is_cap == 2.0 and load_config(None, [], environ={}).policy.grpo.rollout_is_cap is None
+    assert load_config(None, ["run.max_staleness=1", "policy.grpo.rollout_is_cap=5"], environ={}).policy.grpo \
+        .rollout_is_cap == 5.0
+    for bad, needle in ((["policy.save_every=1"], "policy.save_every >= 2"),
+                        (["policy.keep_checkpoints=1"], "keep_checkpoints >= 2"),
+                        (["alarm.mode=act", "alarm.actions=[rollback]"], "rollback needs run.max_staleness=0")):
+        with pytest.raises(ConfigError, match=needle):
+            load_config(None, ["run.max_staleness=2", *bad], environ={})
+    assert load_config(None, ["run.max_staleness=2", "policy.journal=false", "policy.save_every=0"], environ={})

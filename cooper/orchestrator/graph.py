@@ -9,6 +9,16 @@ and the reward service is never called); `static` never updates VerifyRM (no neg
 `cooper` has it all. Evaluation after step t, when due, runs before rollout(t+1) so that it sees exactly the
 weights of version t+1. With evaluation on, the run also evaluates the initial policy: evaluate(-1), the only job of
 "step -1", which policy_update(0) waits for, so it sees version 0 (where every mode starts from).
+
+Rollouts ahead of training (`max_staleness` k > 0, run.max_staleness): rollout(t) waits for policy_update(t-k-1)
+instead, and samples the version it made (rollouts 0..k sample the run's first version, one after the other), so
+rollout(t) runs while policy_update(t-1) trains. policy_update(t) then waits for policy_update(t-1) itself (and
+for evaluate(t-1) when due, so evaluation sees its version while the trainer stays there):
+
+    rollout(t) ── score(t) ── policy_update(t) ── policy_update(t+1)
+                                             └─── rollout(t+k+1)
+
+The reward side keeps its order: score(t) still waits for reward_update(t-1) in cooper mode.
 """
 
 from __future__ import annotations
@@ -36,13 +46,18 @@ class Job:
 
 
 class StepGraph:
-    def __init__(self, mode: str, steps: int, eval_every: int, verify_before_update: bool = False):
+    def __init__(self, mode: str, steps: int, eval_every: int, verify_before_update: bool = False,
+                 max_staleness: int = 0):
         """`verify_before_update`: policy_update(t) waits for verify(t) too, so that it can train on the verifier's
-        reward instead of the reward model's (the reward-hacking alarm's act mode)."""
+        reward instead of the reward model's (the reward-hacking alarm's act mode). `max_staleness`: how many
+        versions behind the trainer a rollout may sample (see above)."""
         if mode not in ("rule", "static", "cooper"):
             raise ValueError(f"unknown reward mode {mode!r}")
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be at least 0 (got {max_staleness})")
         self.mode, self.steps, self.eval_every = mode, steps, eval_every
         self.verify_before_update = verify_before_update
+        self.max_staleness = max_staleness
 
     def evaluates_after(self, step: int) -> bool:
         """Evaluation follows step `step` every eval_every steps and after the last step, and "step -1" is the
@@ -77,6 +92,9 @@ class StepGraph:
         if stage == ROLLOUT:
             if t == 0:
                 return []
+            if self.max_staleness:
+                source = t - self.max_staleness - 1  # the step whose update made the version rollout(t) samples
+                return [Job(source, POLICY_UPDATE)] if source >= 0 else [Job(t - 1, ROLLOUT)]
             deps = [Job(t - 1, POLICY_UPDATE)]
             if self.evaluates_after(t - 1):
                 deps.append(Job(t - 1, EVALUATE))
@@ -96,6 +114,10 @@ class StepGraph:
                 deps.append(Job(t, VERIFY))
             if t == 0 and self.evaluates_after(-1):
                 deps.append(Job(-1, EVALUATE))  # the initial evaluation sees version 0
+            if self.max_staleness and t > 0:  # rollouts no longer order the updates: they wait for each other
+                deps.append(Job(t - 1, POLICY_UPDATE))
+                if self.evaluates_after(t - 1):
+                    deps.append(Job(t - 1, EVALUATE))
             return deps
         if stage == NEGATIVES:
             return [Job(t, VERIFY)]
@@ -106,8 +128,10 @@ class StepGraph:
         raise ValueError(f"unknown stage {stage!r}")
 
     def dependents(self, job: Job) -> list[Job]:
-        """Jobs that wait for `job` (in this step and the next)."""
-        candidates = self.jobs(job.step) + (self.jobs(job.step + 1) if job.step + 1 < self.steps else [])
+        """Jobs that wait for `job` (in this step and the next, and with rollouts ahead up to max_staleness + 1
+        steps later)."""
+        later = range(job.step, min(job.step + self.max_staleness + 2, self.steps))
+        candidates = [c for step in later for c in self.jobs(step)]
         return [c for c in candidates if job in self.dependencies(c)]
 
     def roots(self) -> list[Job]:

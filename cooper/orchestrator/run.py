@@ -73,6 +73,8 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "policy_version": pu["policy_version"],
         "reward_source": pu.get("reward_source", "verifier" if graph.mode == "rule" else "reward_model"),
         "policy_version_sampled": ro["policy_version"],
+        # Versions between the one that sampled the rollout and the one its update started from (run.max_staleness).
+        "policy_staleness": pu["policy_version"] - 1 - ro["policy_version"],
         "prompt_ids": [p["example"] for p in ro["prompts"]],
         "data_epoch": ro["data_position"]["epoch"],
         "data_offset": ro["data_position"]["offset"],
@@ -143,7 +145,8 @@ class Orchestrator:
         self.config, self.run_id, self.run_dir, self.store = config, run_id, run_dir, store
         rows, tests = load_data(config)
         self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every,
-                               verify_before_update=config.alarm.mode == "act")
+                               verify_before_update=config.alarm.mode == "act",
+                               max_staleness=config.run.max_staleness)
         self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
                                 addresses, rm_benchmark(config))
         self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.orchestrator import graph
@@ -144,6 +146,39 @@ def expect_version(service: str, actual: int, expected: int, job: str) -> None:
         "restart loses nothing.")
 
 
+def policy_version_after(ctx: StageContext, step: int) -> int:
+    """The policy version policy_update(`step`) made; step -1: the version the run started from (rollout(0)'s).
+    Every policy_update adds exactly one version (`expect_version` checks it), so once a step is logged and its
+    results deleted, the run state's last logged version gives every earlier one."""
+    stage, of = (graph.POLICY_UPDATE, step) if step >= 0 else (graph.ROLLOUT, 0)
+    try:
+        return ctx.result(stage, of)["policy_version"]
+    except KeyError:
+        state = ctx.store.state()
+        logged = int(state.get("logged_through", -1))
+        if logged >= max(step, 0) and "policy_version" in state:
+            return int(state["policy_version"]) - (logged - step)
+        raise
+
+
+def sample(ctx: StageContext, job: str, version: int | None, prompts: list[tuple[str, str]], *, n: int,
+           temperature: float, top_p: float, seed: int) -> Any:
+    """Generate with the policy of `version` (None: its current one). A version the service does not hold fails the
+    run (InconsistentRun): the service is behind or ahead of the run, or was restarted without the versions kept
+    behind its trainer."""
+    policy, sampling = ctx.client("policy"), ctx.config.policy.sampling
+    try:
+        return policy.generate(prompts, n=n, temperature=temperature, top_p=top_p,
+                               max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=seed, version=version)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.FAILED_PRECONDITION or version is None:
+            raise
+        actual = policy.info().version
+        if not version <= actual <= version + ctx.config.run.max_staleness:
+            expect_version("policy", actual, version, job)
+        raise InconsistentRun(f"{job}: {err.details()}") from None
+
+
 def expect_before_update(service: str, info: Any, expected: int, key: str, job: str) -> None:
     """Before Train/Update of `key`: the model is at `expected`, or that very update was applied already (a
     crash between the service's reply and the recorded result; the call is then a replay)."""
@@ -153,20 +188,20 @@ def expect_before_update(service: str, info: Any, expected: int, key: str, job: 
 
 
 def rollout(ctx: StageContext, step: int) -> RolloutResult:
+    """Step `step`'s prompts, sampled by the version policy_update(step - 1 - run.max_staleness) made (graph.py);
+    rollout(0) samples the policy as the run finds it."""
     examples = ctx.data.batch(step)
     sampling = ctx.config.policy.sampling
     # Prompt ids carry the step and slot, so a prompt that recurs in a later epoch is still a distinct group.
     prompts = [PromptRecord(id=f"{step}-{k}-{e.id}", question=e.question, answer=e.answer, example=e.id)
                for k, e in enumerate(examples)]
-    reply = ctx.client("policy").generate(
-        [(p["id"], prompt_text(ctx.config, e)) for p, e in zip(prompts, examples, strict=True)],
-        n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-        max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=step_seed(ctx.config.run.seed, step, "rollout"),
-    )
-    if step > 0:
-        expect_version("policy", reply.version,
-                       recorded(ctx, graph.POLICY_UPDATE, step - 1, "policy_version", "policy_version"),
-                       f"rollout:{step}")
+    version = policy_version_after(ctx, max(step - 1 - ctx.config.run.max_staleness, -1)) if step > 0 else None
+    reply = sample(ctx, f"rollout:{step}", version,
+                   [(p["id"], prompt_text(ctx.config, e)) for p, e in zip(prompts, examples, strict=True)],
+                   n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                   seed=step_seed(ctx.config.run.seed, step, "rollout"))
+    if version is not None:
+        expect_version("policy", reply.version, version, f"rollout:{step}")
     completions = [completion_record(c) for c in reply.completions]
     epoch, offset = ctx.data.position(step)
     return {"policy_version": reply.version, "prompts": prompts, "completions": completions,
@@ -222,7 +257,8 @@ def await_the_alarm(ctx: StageContext, step: int) -> None:
 def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> PolicyUpdateResult | None:
     """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
     the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
-    weights being rolled back). None when no rollback is due, and the update goes on."""
+    weights being rolled back). None when no rollback is due, and the update goes on. Only with run.max_staleness
+    0 (config.py refuses the two together), where the version that sampled is the one the update starts from."""
     state = ctx.store.state()
     request = state.get(ROLLBACK_KEY)
     if not request:
@@ -241,18 +277,21 @@ def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> Pol
 def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
     policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
+    # The version this update starts from: the one that sampled the rollout, or with rollouts ahead of training up
+    # to run.max_staleness versions after it.
+    start = policy_version_after(ctx, step - 1) if ctx.config.run.max_staleness else sampled
     await_the_alarm(ctx, step)
     info = policy.info()
     if acts(ctx.config) and (rolled_back := rollback_policy(ctx, info, sampled, job)):
         return rolled_back
-    expect_before_update("policy", info, sampled, f"{ctx.run_id}/{step}", job)
+    expect_before_update("policy", info, start, f"{ctx.run_id}/{step}", job)
     rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
     if "verifier_reward" in active_actions(ctx.config, ctx.store):
         rewards, source = verifier_rewards(ctx.result(graph.VERIFY, step)), "verifier"
     reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
-    expect_version("policy", reply.version, sampled + 1, job)  # GRPO on the weights that sampled the rollout
+    expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
             "reward_source": source}
 
@@ -330,14 +369,12 @@ def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
     version = -1
     for name, rows in ctx.tests.items():
         rows = rows[: ev.max_problems] if ev.max_problems else rows
-        reply = ctx.client("policy").generate(
-            [(row.id, prompt_text(ctx.config, row)) for row in rows], n=ev.k, temperature=ev.temperature,
-            top_p=ev.top_p, max_new_tokens=ctx.config.policy.sampling.max_new_tokens,
-            stop=ctx.config.policy.sampling.stop, seed=step_seed(ctx.config.run.seed, step, f"eval:{name}"),
-        )
-        version = reply.version
         # Step -1 evaluates the initial policy, version 0, before policy_update(0) (graph.py).
         expected = 0 if step == -1 else ctx.result(graph.POLICY_UPDATE, step)["policy_version"]
+        reply = sample(ctx, f"evaluate:{step}", expected, [(row.id, prompt_text(ctx.config, row)) for row in rows],
+                       n=ev.k, temperature=ev.temperature, top_p=ev.top_p,
+                       seed=step_seed(ctx.config.run.seed, step, f"eval:{name}"))
+        version = reply.version
         expect_version("policy", version, expected, f"evaluate:{step}")
         answers = {row.id: row.answer for row in rows}
         items = [VerifyItem(id=str(k), completion=c.text, reference=answers[c.prompt_id])

@@ -54,6 +54,13 @@ class CheckpointLayout:
     def pattern(self) -> re.Pattern[str]:
         return re.compile(r"v([0-9]+)-u([0-9]+)" if self.counts_updates else r"v([0-9]{8})")
 
+    def sequence(self, path: str | os.PathLike[str]) -> int:
+        """The update sequence number a checkpoint's name carries: its update count, else its version."""
+        match = self.pattern.fullmatch(Path(path).name)
+        if match is None:
+            raise ValueError(f"{path} is not a checkpoint's name")
+        return int(match.groups()[-1])
+
     def path(self, root: str | os.PathLike[str], state: dict[str, Any]) -> Path:
         """The directory a checkpoint of `state` (its "version", and "updates" when counted) has under `root`."""
         updates = int(state["updates"]) if self.counts_updates else None

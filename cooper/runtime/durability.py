@@ -16,6 +16,11 @@ The one mechanism of both trainers, the policy (`PolicyCore`) and VerifyRM (`Rew
   deterministic functions of the state and the journaled request, so on one CPU kind the state comes back bit for
   bit; on a GPU to within its kernels' rounding.
 
+A service that must come back able to rebuild the states of the last `rebuild` updates as well (the policy with
+rollouts ahead of training, which samples versions behind its trainer) keeps the journal back to the newest
+checkpoint at least `rebuild` updates old, and starts from that checkpoint: applying the journal again passes
+through every state after it.
+
 Updates are counted by a sequence number that rises by one per applied update: the policy's version, VerifyRM's
 update count (an update VerifyRM skips, for a non-finite gradient, keeps the version but is journaled too). A
 service that runs several identical copies of its model (reward.model_copies) gives one copy the writes (`writes`)
@@ -35,6 +40,7 @@ import torch
 from cooper.runtime.checkpoint import (
     BackgroundSave,
     CheckpointLayout,
+    complete_checkpoints,
     latest_checkpoint,
     remove_partial_checkpoints,
     save_checkpoint,
@@ -51,13 +57,14 @@ class Durability:
 
     def __init__(self, root: str | os.PathLike[str], layout: CheckpointLayout, *, save_every: int,
                  keep_checkpoints: int, journal: bool, service: str,
-                 writes: bool = True):
+                 writes: bool = True, rebuild: int = 0):
         self.root = Path(root)
         self.layout = layout
         self.save_every = save_every
         self.keep_checkpoints = keep_checkpoints
         self.journal = UpdateJournal(self.root / JOURNAL_DIR) if journal else None
         self.writes = writes
+        self.rebuild = rebuild
         self.log = logging.getLogger(f"cooper.{service}")
         self.background = BackgroundSave(service, self.log)
         self.latest = ""
@@ -73,7 +80,19 @@ class Durability:
             remove_partial_checkpoints(self.root)
             if self.journal:
                 self.journal.discard_partial()
-        return latest_checkpoint(self.root, self.layout)
+        if not self.rebuild or not self.journal:
+            return latest_checkpoint(self.root, self.layout)
+        done = complete_checkpoints(self.root, self.layout)
+        journaled = self.journal.versions()
+        end = max(journaled[-1:] + [self.layout.sequence(path) for path in done[-1:]], default=0)
+        base = self._newest_at_most(done, end - self.rebuild)
+        if base is None and not (journaled and journaled[0] == 1):  # no history reaches that far back: the newest
+            base = done[-1] if done else None
+        return base
+
+    def _newest_at_most(self, done: list[Path], sequence: int) -> Path | None:
+        """The newest of the complete checkpoints `done` (oldest first) at or before update `sequence`."""
+        return next((path for path in reversed(done) if self.layout.sequence(path) <= sequence), None)
 
     def loaded(self, path: str | os.PathLike[str], sequence: int) -> None:
         """The service has loaded checkpoint `path`, which holds the state after update `sequence`."""
@@ -117,7 +136,9 @@ class Durability:
                                weights=weights, layout=self.layout)
         self.loaded(path, sequence)
         if self.journal:  # the checkpoint is on disk (fsynced): the updates it includes need no entry any more
-            self.journal.prune(sequence)
+            base = self._newest_at_most(complete_checkpoints(self.root, self.layout), sequence - self.rebuild)
+            if base is not None:
+                self.journal.prune(self.layout.sequence(base))
         self.log.info("checkpoint %s written (update %d)", path, sequence)
         return path
 

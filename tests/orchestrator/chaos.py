@@ -94,6 +94,7 @@ class ChaosRun:
     steps: int
     kills: list[Kill]
     recipe: str = "rollouts"
+    max_staleness: int = 0
     wall_s: float = 0.0
     resumes: int = 0
     steps_redone: list[int] = field(default_factory=list)
@@ -150,20 +151,20 @@ def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGE
     return every
 
 
-def run_args(tmp: Path, name: str, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0
-             ) -> list[str]:
+def run_args(tmp: Path, name: str, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0,
+             max_staleness: int = 0) -> list[str]:
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")
     # 64 of the 256 test problems: an evaluation still lasts long enough (about a second) for a kill to land inside.
     return [f"run.steps={steps}", f"run.name={name}", f"run.output_dir={tmp}", f"run.seed={seed}", *FAST,
-            f"eval.every={eval_every}", "eval.max_problems=64", *RECIPES[recipe]]
+            f"eval.every={eval_every}", "eval.max_problems=64", f"run.max_staleness={max_staleness}", *RECIPES[recipe]]
 
 
 def uninterrupted(tmp: Path, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0,
-                  stuck_s: float = STUCK_S) -> tuple[list[dict[str, Any]], float]:
+                  stuck_s: float = STUCK_S, max_staleness: int = 0) -> tuple[list[dict[str, Any]], float]:
     """The records and wall time of the same run without kills."""
     start = time.monotonic()
-    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every))
+    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every, max_staleness))
     assert train.wait_while_it_logs(tmp / f"calm-{seed}", stuck_s) == 0, train.stderr[-3000:]
     return read_metrics(tmp / f"calm-{seed}"), time.monotonic() - start
 
@@ -187,14 +188,15 @@ def _pid_of(train: Train, target: str) -> psutil.Process:
 
 
 def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print,
-                   recipe: str = "rollouts", eval_every: int = 0, stuck_s: float = STUCK_S) -> ChaosRun:
+                   recipe: str = "rollouts", eval_every: int = 0, stuck_s: float = STUCK_S,
+                   max_staleness: int = 0) -> ChaosRun:
     """Run `steps` steps of seed `seed`, SIGKILLing each target in `kills` once `after_step` steps are logged plus
     `delay_s` (and, with `during`, once a job of that stage runs); resume whenever the CLI ended. Records what
     happened; checks come after (check)."""
     name = f"chaos-{seed}"
-    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe)
+    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe, max_staleness)
     start = time.monotonic()
-    train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every)), []
+    train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every, max_staleness)), []
     trains.append(train)
     for kill in kills:
         train.wait_for_steps(run_dir, kill.after_step, timeout_s=stuck_s)
@@ -352,7 +354,9 @@ def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     if [r["step"] for r in lines] != list(range(steps)):
         bad(f"steps logged {[r['step'] for r in lines]}, not each of 0..{steps - 1} once in order")
-    wanted = {"policy_version": range(1, steps + 1), "policy_version_sampled": range(steps),
+    behind = chaos.max_staleness  # rollout(t) samples version max(0, t - run.max_staleness)
+    wanted = {"policy_version": range(1, steps + 1),
+              "policy_version_sampled": [max(0, t - behind) for t in range(steps)],
               "data_offset": range(0, batch_size * steps, batch_size)}
     for key, values in wanted.items():
         if [r.get(key) for r in lines] != list(values):

@@ -3,7 +3,8 @@ on one seed of the paper's recipe, 16 steps. The run survives the SIGKILL of the
 resumed run evaluates again) and between steps (it is resumed), of the policy in the middle of a GRPO update, of the
 generator inside a negatives job and of the reward service in the middle of a Bradley-Terry update (the policy and
 the reward service come back from their checkpoints plus their update journals), keeps every invariant, and logs the
-same records as the same run without kills (tests/orchestrator/chaos.py)."""
+same records as the same run without kills (tests/orchestrator/chaos.py); synchronous, and with rollouts one step
+ahead of training (run.max_staleness=1), where the restarted policy also rebuilds the version behind its trainer."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # about a minute on a 2-core EPYC; CI's machines have been 2x slower and more
-def test_a_run_keeps_its_invariants_through_sigkills(tmp_path):
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_run_keeps_its_invariants_through_sigkills(tmp_path, max_staleness):
     # Seed 5's schedule (evaluations after steps -1, 4, 9, 14 and 15): the CLI inside an evaluation and between
     # steps, the policy inside an update, the generator inside negatives, the reward service inside an update; 16 steps
     # leave room for a harness that falls a few steps behind a fast run (a tiny step takes about 0.5 s). A run that
     # logs no step for 180 s is stuck: the harness stops it and its report (stderr) says where every process was.
     args = ["--seeds", "5", "--recipes", "generator", "--steps", "16", "--kills", "1", "--eval-every", "5",
-            "--stuck-after", "180"]
+            "--stuck-after", "180", "--max-staleness", str(max_staleness)]
     assert [k.describe() for k in schedule(5, 16, 1, recipe="generator", eval_every=5)] == [
         "cli@2+0.0s in evaluate", "cli@6+0.51s", "policy@7+0.0s in policy_update", "generator@10+0.0s in negatives",
         "reward@12+0.0s in reward_update"]

@@ -51,6 +51,25 @@ def test_evaluation_runs_before_the_next_rollout():
     assert [j.id for j in off.roots()] == ["rollout:0"] and off.first_step() == 0 and off.jobs(-1) == []
 
 
+def test_rollouts_ahead_wait_for_the_update_max_staleness_steps_back():
+    graph = StepGraph("cooper", steps=6, eval_every=3, max_staleness=1)
+    deps = {j.id: {d.id for d in graph.dependencies(j)} for t in range(6) for j in graph.jobs(t)}
+    assert deps["rollout:1"] == {"rollout:0"}  # samples the run's first version, after rollout(0) found it
+    assert deps["rollout:2"] == {"policy_update:0"} and deps["rollout:5"] == {"policy_update:3"}
+    # The updates keep their order themselves now, and evaluation sees its version before the next update.
+    assert deps["policy_update:3"] == {"score:3", "policy_update:2", "evaluate:2"}
+    assert deps["policy_update:1"] == {"score:1", "policy_update:0"}
+    assert deps["score:2"] == {"rollout:2", "reward_update:1"}  # the reward side keeps its order
+    assert {j.id for j in graph.dependents(Job(0, g.POLICY_UPDATE))} == {"policy_update:1", "rollout:2"}
+    assert {j.id for j in graph.dependents(Job(2, g.EVALUATE))} == {"policy_update:3"}
+    two = StepGraph("rule", steps=6, eval_every=0, max_staleness=2)
+    assert {d.id for d in two.dependencies(Job(2, g.ROLLOUT))} == {"rollout:1"}
+    assert {d.id for d in two.dependencies(Job(5, g.ROLLOUT))} == {"policy_update:2"}
+    assert Job(5, g.ROLLOUT) in two.dependents(Job(2, g.POLICY_UPDATE))
+    with pytest.raises(ValueError, match="max_staleness"):
+        StepGraph("rule", 2, 0, max_staleness=-1)
+
+
 def test_steps_are_seeded_epochs_without_repeats():
     rows, _ = tiny_splits(seed=3, train_size=10)
     data = StepData(rows, batch_size=4, seed=3)

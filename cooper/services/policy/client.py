@@ -35,12 +35,15 @@ class PolicyClient(ServiceClient):
         max_new_tokens: int = 1024,
         stop: Sequence[str] = (),
         seed: int = 0,
+        version: int | None = None,
     ) -> Generation:
-        """`n` completions per (id, text) prompt; grouped by prompt in order, `index` ascending."""
+        """`n` completions per (id, text) prompt; grouped by prompt in order, `index` ascending. `version`: the
+        policy version to sample from (FAILED_PRECONDITION when the service does not hold it); None: the current."""
         request = policy_pb2.GenerateRequest(
             prompts=[policy_pb2.Prompt(id=pid, text=text) for pid, text in prompts],
             sampling=policy_pb2.Sampling(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                                          stop=list(stop), seed=seed),
+            version=version,
         )
         reply = self.call(self.stub.Generate, request)
         # Plain fields, not json_format: that costs ~0.7 ms a completion, on the critical path of every step.

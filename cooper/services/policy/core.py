@@ -1,7 +1,9 @@
 """The policy service's state and operations, without gRPC: model, reference, trainer, engine, versions, keys.
 
 `PolicyCore` is what `server.py` translates messages to and what `bench/policy.py` calls in-process. Every
-operation holds one lock: generation and training share the weights, so they must not interleave.
+operation holds one lock: generation and training share the weights, so they must not interleave. Except with
+rollouts ahead of training (`behind` = run.max_staleness > 0): the engine then samples from weights of its own, a
+version the trainer already left when asked (sampler.py), and Generate runs while Train does.
 
 Versions: 0 is the initial model; each applied `train` adds 1. Idempotency: the results of the most recent
 `KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and trains
@@ -41,10 +43,17 @@ from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.durability import Durability
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
-from cooper.services.policy.errors import GroupLost, NotAcrossMachines, RankFailure, RanksRestarted
+from cooper.services.policy.errors import (
+    GroupLost,
+    NotOffered,
+    RankFailure,
+    RanksRestarted,
+    VersionNotHeld,
+)
 from cooper.services.policy.messages import RestoreResult, TrainResult
 from cooper.services.policy.models import load_reference
 from cooper.services.policy.placement import Placement, launched
+from cooper.services.policy.sampler import BehindSampler
 from cooper.services.policy.trainer import (
     GRPOTrainer,
     RolloutSample,
@@ -85,13 +94,20 @@ def resolve_world_size(world_size: int | str, device: torch.device, place: Place
     return ranks
 
 
-def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str
-                 ) -> RolloutEngine:
+def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str,
+                 own_weights: bool = False) -> RolloutEngine:
+    """The rollout engine; `own_weights`: it samples from a copy of its own (vLLM always does; the transformers
+    engine then runs in a process of its own, rollout_process.py), else from `model` itself."""
     if cfg.engine == "vllm":
         # Imported here only: vLLM is the `gpu` extra and must never be imported on CPU code paths.
         from cooper.services.policy.vllm_engine import VLLMEngine
 
         return VLLMEngine(model, tokenizer, path, cfg)
+    if own_weights:
+        from cooper.services.policy.rollout_process import RolloutProcess
+
+        return RolloutProcess(model, tokenizer, cfg.generate_batch_size, autocast,
+                              cfg.rollout_threads or cfg.torch_threads)
     from cooper.services.policy.hf_engine import TransformersEngine
 
     return TransformersEngine(model, tokenizer, cfg.generate_batch_size, autocast)
@@ -106,10 +122,12 @@ def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence
 
 
 class PolicyCore:
-    """Loads the policy (from the latest checkpoint in `cfg.checkpoint_dir` when there is one) and serves it."""
+    """Loads the policy (from the latest checkpoint in `cfg.checkpoint_dir` when there is one) and serves it.
+    `behind` (run.max_staleness): how many versions before the trainer's Generate can still sample from."""
 
-    def __init__(self, cfg: PolicyConfig):
+    def __init__(self, cfg: PolicyConfig, behind: int = 0):
         self.cfg = cfg
+        self.behind = behind
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         self.device = resolve_device(cfg.device, "policy.device")
@@ -121,7 +139,7 @@ class PolicyCore:
         self.initial_path = resolve_model(cfg.model, "causal")
         self.durable = Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every,
                                   keep_checkpoints=cfg.keep_checkpoints, journal=cfg.journal,
-                                  service="policy")
+                                  service="policy", rebuild=behind)
         checkpoint = self.durable.start()
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self.tokenizer = AutoTokenizer.from_pretrained(weights_path)
@@ -147,10 +165,13 @@ class PolicyCore:
             if self.world_size == 1:  # the ranks load their shards of it themselves
                 self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             self._restore_state(checkpoint)
-        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path)
+        self._lock = threading.Lock()
+        """The trainer's: Train, Save, Restore; and Generate unless the engine samples from weights of its own."""
+        self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path,
+                                   own_weights=bool(behind))
+        self.sampler = BehindSampler(self.engine, behind, self._lock) if behind else None
         self._replay_journal()
         self.parameters = sum(p.numel() for p in self.model.parameters())
-        self._lock = threading.Lock()
 
     def _restore_state(self, checkpoint: Any) -> None:
         state = read_state(checkpoint)
@@ -169,11 +190,13 @@ class PolicyCore:
         rounding. The recorded result (what Train answered) is what a retried Train gets, not the replay's."""
         entries = self.durable.entries_after(self.version, self.last_key)
         for entry in entries:
+            if self.sampler:  # the versions behind the trainer come back too (Durability keeps their journal)
+                self.sampler.keep(self.version, self.model)
             self.trainer.train_step(rollout_samples(entry["rollout"]), entry["rewards"].tolist(), entry["group_size"])
             self.version += 1
             self._record(entry["key"], entry["metrics"])
         if entries:
-            self.engine.sync_weights()
+            self._sync_engine()
             log.info("policy applied %d journaled updates again (now version %d, last key %r)", len(entries),
                      self.version, self.last_key)
 
@@ -214,7 +237,7 @@ class PolicyCore:
         else:
             self.version, self.last_key, self.history, self.abandoned = 0, "", OrderedDict(), []
             self.durable.loaded("", 0)
-        self.engine.sync_weights()
+        self._sync_engine()
         self.trainer = self._start_ranks(weights_path, checkpoint)
         self._replay_journal()
         return RanksRestarted(
@@ -239,10 +262,28 @@ class PolicyCore:
             self.durable.wait()
             if self.world_size > 1:
                 self.trainer.close()
+            if close_engine := getattr(self.engine, "close", None):  # the rollout process
+                close_engine()
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> tuple[list[list[Completion]], int]:
-        """`sampling.n` completions per prompt, in prompt order, and the version that sampled them."""
+    def _sync_engine(self) -> None:
+        """After the trainer's weights changed: the engine samples the new ones. An engine with weights of its own
+        behind the trainer loads a version when a Generate asks for it instead (sampler.py)."""
+        if self.sampler is None:
+            self.engine.sync_weights()
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams, version: int | None = None
+                 ) -> tuple[list[list[Completion]], int]:
+        """`sampling.n` completions per prompt, in prompt order, and the version that sampled them: `version`
+        (VersionNotHeld when the service does not hold it), or the current one when None."""
+        if self.sampler is not None:
+            wanted = self.version if version is None else version
+            if not prompts:
+                return [], wanted
+            return self.sampler.generate(list(prompts), sampling, wanted, lambda: self.version, self.model), wanted
         with self._lock:
+            if version is not None and version != self.version:
+                raise VersionNotHeld(f"policy version {version} is not held here: the service is at version "
+                                     f"{self.version} and keeps no other (run.max_staleness 0)")
             if not prompts:
                 return [], self.version
             return self.engine.generate(list(prompts), sampling), self.version
@@ -259,12 +300,14 @@ class PolicyCore:
                 return TrainResult(dict(self.history[key]["metrics"]), int(self.history[key]["version"]), True)
             self._check_rollout(samples, rewards, group_size)
             try:
+                if self.sampler:  # rollouts still to come may sample this version after the update leaves it
+                    self.sampler.keep(self.version, self.model)
                 metrics = self.trainer.train_step(samples, rewards, group_size)
                 self.version += 1
                 # Before the answer: an update this service answered is never lost.
                 self.durable.record(self.version, self.last_key,
                                     journal_record(key, samples, rewards, group_size, metrics))
-                self.engine.sync_weights()
+                self._sync_engine()
                 self._record(key, metrics)
                 if self.durable.due(self.version):
                     self._save("", background=self.cfg.save_in_background)
@@ -290,8 +333,11 @@ class PolicyCore:
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
                                      str(recorded.get("checkpoint", "")), True)
             if self.place is not None:
-                raise NotAcrossMachines("Restore is not available yet for a policy launched across machines "
+                raise NotOffered("Restore is not available yet for a policy launched across machines "
                                         "(torchrun); run the reward-hacking alarm with alarm.action=warn there")
+            if self.sampler is not None:
+                raise NotOffered("Restore needs run.max_staleness=0: the versions kept behind the trainer "
+                                        "would name weights of two histories")
             self.durable.wait()  # a checkpoint still being written may be the one to restore
             target, restored_version = self._restore_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path
@@ -309,7 +355,7 @@ class PolicyCore:
             self._record(key, {"restored_version": float(restored_version)})
             checkpoint = str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
             self.history[key]["checkpoint"] = checkpoint  # saved with it: a retry after a restart answers the same
-            self.engine.sync_weights()
+            self._sync_engine()
             self._save(f"restored-v{restored_version}")
             log.warning("policy restored the weights of version %d (%s) as version %d", restored_version,
                         weights_path, self.version)

@@ -16,7 +16,7 @@ policy must learn to stop) but not in `text`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +65,11 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self) -> None:
         """Make the next `generate` use the trainer's current weights."""
+        ...
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Sample from `weights` (a state dict of the policy) from the next `generate` on; only engines with weights
+        of their own (vLLM's, the rollout process's) are asked to (run.max_staleness > 0)."""
         ...
 
 

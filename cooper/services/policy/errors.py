@@ -17,5 +17,11 @@ class GroupLost(RuntimeError):
     checkpoint plus the update journal. Servers answer it with UNAVAILABLE; clients retry until the group is back."""
 
 
-class NotAcrossMachines(RuntimeError):
-    """An operation a policy launched across machines does not offer yet; servers answer FAILED_PRECONDITION."""
+class NotOffered(RuntimeError):
+    """An operation the policy service does not offer as it runs (launched across machines, or with rollouts ahead of
+    training); servers answer FAILED_PRECONDITION."""
+
+
+class VersionNotHeld(RuntimeError):
+    """Generate asked for a policy version the service does not hold (neither its current one nor, with
+    run.max_staleness, one of the versions it keeps behind it); servers answer FAILED_PRECONDITION."""

@@ -24,7 +24,7 @@ from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
-from cooper.services.policy.errors import GroupLost, NotAcrossMachines, RanksRestarted
+from cooper.services.policy.errors import GroupLost, NotOffered, RanksRestarted, VersionNotHeld
 from cooper.services.policy.trainer import RolloutSample
 
 log = logging.getLogger("cooper.policy")
@@ -65,7 +65,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
                 self.on_group_lost(str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
-        except NotAcrossMachines as err:
+        except (NotOffered, VersionNotHeld) as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
             raise AssertionError("unreachable") from err
         except EngineError as err:
@@ -78,7 +78,9 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
             sampling = sampling_params(request.sampling)
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        groups, version = await self._run(context, self.core.generate, [p.text for p in request.prompts], sampling)
+        wanted = request.version if request.HasField("version") else None
+        groups, version = await self._run(context, self.core.generate, [p.text for p in request.prompts], sampling,
+                                          wanted)
         response = policy_pb2.GenerateResponse(version=version)
         for prompt, group in zip(request.prompts, groups, strict=True):
             for index, c in enumerate(group):
@@ -138,5 +140,5 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
 
 async def create_service(config: CooperConfig) -> GrpcService:
     """Entry point of `cooper serve policy`: load the model (resuming from the latest checkpoint), then serve."""
-    core = await asyncio.to_thread(PolicyCore, config.policy)
+    core = await asyncio.to_thread(PolicyCore, config.policy, config.run.max_staleness)
     return build_service(config, core)

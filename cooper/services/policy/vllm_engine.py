@@ -21,7 +21,7 @@ Left out: tensor parallelism (weights are copied whole), sleep mode between roll
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -107,13 +107,18 @@ class VLLMEngine:
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
+        self.load_weights(self.model.state_dict())
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy `weights` (a state dict of the policy: the trainer's, or a version kept behind it) into vLLM's
+        model."""
         payload: list[tuple[str, Any]] | bytes
         with torch.no_grad():
             if self.in_process:
-                payload = [(name, tensor.detach()) for name, tensor in self.model.state_dict().items()]
+                payload = [(name, tensor.detach()) for name, tensor in weights.items()]
             else:
                 buffer = io.BytesIO()
-                torch.save({name: t.detach().cpu() for name, t in self.model.state_dict().items()}, buffer)
+                torch.save({name: t.detach().cpu() for name, t in weights.items()}, buffer)
                 payload = buffer.getvalue()
         try:
             self.on_engine_thread(self._load_weights, payload)
