@@ -166,3 +166,23 @@ def test_two_ranks_beside_vllm_over_grpc(tmp_path):
         print(f"two ranks + vLLM ready in {ready_s:.0f} s")
     finally:
         service.stop()
+
+
+def test_vllm_samples_the_version_asked_for_while_rollouts_run_ahead(make_config, tmp_path):
+    """With run.max_staleness=1 vLLM's weights are loaded per request: a version the trainer has left is sampled with
+    that version's weights, and the trainer's own version with the trainer's."""
+    ahead = PolicyCore(_config(make_config, tmp_path), behind=1)
+    try:
+        prompt = ahead.tokenizer("What is 5 + 6?")["input_ids"]
+        completion = ahead.tokenizer(" We compute 5 + 6 = 11. The answer is \\boxed{11}.")["input_ids"]
+        initial = trainer_logprobs(ahead, prompt, completion)
+        ahead.train("ahead/0", *_rollout(ahead, seed=20), 4)
+        updated = trainer_logprobs(ahead, prompt, completion)
+        assert max(abs(a - b) for a, b in zip(initial, updated, strict=True)) > 100 * SYNC_TOLERANCE
+        for version, expected in ((0, initial), (1, updated), (0, initial)):
+            groups, sampled = ahead.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=4, seed=version), version)
+            assert sampled == version and len(groups) == len(PROMPTS)
+            got = vllm_logprobs(ahead, prompt, completion)
+            assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < SYNC_TOLERANCE, f"version {version}"
+    finally:
+        ahead.close()
