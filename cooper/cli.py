@@ -14,10 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cooper.annotation import AnnotationInputError
 from cooper.config import ConfigError, CooperConfig, load_config, to_yaml
-from cooper.dataset_formats import DatasetFormatError
-from cooper.evaluation.rm_bench import BenchInputError
 
 # Each service module defines `async def create_service(config) -> cooper.runtime.server.GrpcService`.
 SERVICES = {
@@ -385,6 +382,16 @@ def _serve(args: argparse.Namespace) -> int:
     return run_service(module.create_service, config, ready_file=args.ready_file)
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean bad input (exit 2). Imported only when an error is being handled: their modules belong
+    to the subcommands that raise them, and every service process starts through this module."""
+    from cooper.annotation import AnnotationInputError
+    from cooper.dataset_formats import DatasetFormatError
+    from cooper.evaluation.rm_bench import BenchInputError
+
+    return ConfigError, AnnotationInputError, BenchInputError, DatasetFormatError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     # Overrides may follow options (`serve verifier --port 1 a.b=2`), which argparse alone leaves unparsed.
@@ -416,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             print(to_yaml(_load(args)), end="")
             return 0
-    except (ConfigError, AnnotationInputError, BenchInputError, DatasetFormatError) as err:
+    except _input_errors() as err:
         print(f"cooper: {err}", file=sys.stderr)
         return 2
     except (OSError, RuntimeError, ValueError) as err:  # missing files, services that fail to start, failed jobs

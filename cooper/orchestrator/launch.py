@@ -20,9 +20,6 @@ import yaml
 from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
 from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
-from cooper.orchestrator.outputs import plot, read_metrics, summary_table
-from cooper.orchestrator.run import Orchestrator, RunFailed
-from cooper.orchestrator.run_store import RunStore
 
 log = logging.getLogger("cooper.orchestrator")
 
@@ -119,29 +116,44 @@ def redis_lost(client: redis.Redis, err: redis.ConnectionError) -> str:
 
 
 def train(config: CooperConfig, resume: str | None = None, progress: bool = True, workers: int = 3) -> Path:
-    """Run (or resume) one training run; returns its directory."""
+    """Run (or resume) one training run; returns its directory.
+
+    Start-up runs side by side: the services start at once (local.py), right after the embedded Redis has the run
+    directory's lock (which keeps a second `cooper train --resume` of a run that still goes from starting services
+    on its checkpoints); this process imports the orchestrator's own modules while they load."""
     config, run_id, run_dir, resolved = prepare_run(config, resume)
     prepare_models(config)
     client = open_redis(config, run_dir)
+    services = LocalServices(config, resolved, run_dir)
     interrupted = False
     try:
+        services.spawn()
+        from cooper.orchestrator.run import Orchestrator
+        from cooper.orchestrator.run_store import RunStore
+
         store = RunStore(client, config.redis.key_prefix, run_id)
         # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
         # client's unavailable_timeout_s.
-        with LocalServices(config, resolved, run_dir, on_lost=store.fail_run) as services:
+        services.on_lost = store.fail_run
+        with services:
             Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
                 resume=resume is not None, progress=progress)
     except redis.ConnectionError as err:
+        from cooper.orchestrator.run import RunFailed
+
         raise RunFailed(f"{redis_lost(client, err)}; the run stopped, its state kept. Continue it with: "
                         f"cooper train --resume {run_id}") from None
     except KeyboardInterrupt:
         interrupted = True
         raise
-    finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first (the `with` above)
+    finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first
+        services.stop()
         close_redis(client)
         if interrupted:
             log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "
                         "with: cooper train --resume %s", run_id)
+    from cooper.orchestrator.outputs import plot, read_metrics, summary_table
+
     records = read_metrics(run_dir)
     plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
     print(summary_table(records))

@@ -80,10 +80,15 @@ class LocalServices:
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # between the watchdog's respawn and stop(): nothing is started after stop
         self._watchdog: threading.Thread | None = None
+        self._spawned = False
+        self._local: list[str] = []
+        """The services this run starts (those without an address in the config)."""
 
     def __enter__(self) -> LocalServices:
         try:
-            self._start()
+            if not self._spawned:
+                self.spawn()
+            self._wait()
         except BaseException:
             self.stop()
             raise
@@ -97,32 +102,35 @@ class LocalServices:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def _start(self) -> None:
-        needed = self.names
-        for name in needed:
+    def spawn(self) -> None:
+        """Start the processes of every local service but the generator, all at once, without waiting for them
+        (the `with` block waits): the caller can do its own start-up (Redis, imports) while they load. Call it from
+        a thread that lives as long as they do (the main one; see processes.die_with_parent)."""
+        self._spawned = True
+        for name in self.names:
             address = getattr(self.config, name).server.address
             if address:
                 self.addresses[name] = address
-        local = [n for n in needed if n not in self.addresses]
-        logs = self.run_dir / "logs"
-        # The verifier first: the generator needs its address. The others start together (started from this
-        # thread, which lives as long as they do: see processes.die_with_parent).
-        if "verifier" in local:
-            verifier = start_service("verifier", self.config_path, log_dir=logs, wait=False)
-            self.started.append(verifier)
-            wait_until_ready([verifier], timeout_s=START_TIMEOUT_S)
-            self.addresses["verifier"] = verifier.address
-        rest = []
-        for name in local:
-            if name == "verifier":
-                continue
-            overrides = [f"verifier.server.address={self.addresses['verifier']}"] if name == "generator" else []
-            rest.append(start_service(name, self.config_path, overrides, log_dir=logs, wait=False))
-        self.started += rest
-        if rest:
-            log.info("waiting for %s", ", ".join(s.name for s in rest))
-            wait_until_ready(rest, timeout_s=START_TIMEOUT_S)
-        for service in rest:
+        self._local = [n for n in self.names if n not in self.addresses]
+        # The generator needs the verifier's address, known once the verifier serves: _wait starts it then.
+        for name in self._local:
+            if name != "generator":
+                self.started.append(start_service(name, self.config_path, log_dir=self.run_dir / "logs", wait=False))
+
+    def _wait(self) -> None:
+        """Until every local service serves; the generator is started as soon as the verifier serves."""
+        if "generator" in self._local and all(s.name != "generator" for s in self.started):
+            verifier = next((s for s in self.started if s.name == "verifier"), None)
+            if verifier is not None:  # the others go on starting meanwhile
+                wait_until_ready([verifier], timeout_s=START_TIMEOUT_S)
+                self.addresses["verifier"] = verifier.address
+            self.started.append(start_service(
+                "generator", self.config_path, [f"verifier.server.address={self.addresses['verifier']}"],
+                log_dir=self.run_dir / "logs", wait=False))
+        if self.started:
+            log.info("waiting for %s", ", ".join(s.name for s in self.started))
+            wait_until_ready(self.started, timeout_s=START_TIMEOUT_S)
+        for service in self.started:
             self.addresses[service.name] = service.address
 
     def _watch(self, poll_s: float = 0.5) -> None:

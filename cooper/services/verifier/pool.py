@@ -36,7 +36,7 @@ from typing import Any
 
 import prometheus_client
 
-from cooper.services.verifier.rules import Check, ReferenceCache, Verdict, check
+from cooper.services.verifier.messages import Check, Verdict
 
 log = logging.getLogger("cooper.verifier.pool")
 
@@ -54,6 +54,10 @@ WARM_UP = [("\\boxed{1}", "1"), ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\s
 
 def _worker_main(conn: Connection, timeout_s: float, max_chars: int, answer: str) -> None:
     """Worker loop: receive a chunk [(position, completion, reference)], send one (position, Check) per item."""
+    # Only the workers check: the serving process never imports math-verify (a second or more of its start-up on
+    # 2 cores); the forkserver has it imported once for every worker it forks.
+    from cooper.services.verifier.rules import ReferenceCache, check
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and shutdown
     cache = ReferenceCache()
     for completion, reference in WARM_UP:  # math-verify builds parsers lazily: pay for it before real items
@@ -169,7 +173,7 @@ class VerifierPool:
         # forkserver: workers start as forks of a clean process that already imported math-verify, so a killed
         # worker is replaced in milliseconds, and never as a fork of the threaded gRPC server.
         self._ctx = mp.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["cooper.services.verifier.rules"])
+        self._ctx.set_forkserver_preload(["cooper.services.verifier.rules", "cooper.services.verifier.pool"])
         self._queue: queue.Queue[_Chunk | None] = queue.Queue()
         self._closed = False
         self._slots = [_Worker(self._ctx, timeout_s, max_chars, answer) for _ in range(self.workers)]
