@@ -19,6 +19,7 @@ from typing import Any
 
 from cooper.config import CooperConfig
 from cooper.evaluation.alarm import AlarmSettings, HackingAlarm
+from cooper.modes import reward_mode
 from cooper.orchestrator.run_store import RunStore
 
 log = logging.getLogger("cooper.orchestrator")
@@ -33,14 +34,14 @@ EVENTS_FILE = "alarms.jsonl"
 
 
 def applies(action: str, mode: str) -> bool:
-    """Whether an alarm action can act in a reward mode: rm_negatives changes VerifyRM's updates, which only cooper
-    mode makes."""
-    return action != "rm_negatives" or mode == "cooper"
+    """Whether an alarm action can act in a reward mode: rm_negatives changes VerifyRM's updates, which only a mode
+    whose reward model learns makes."""
+    return action != "rm_negatives" or reward_mode(mode).reward_model_learns
 
 
 def acts(config: CooperConfig) -> bool:
     """Whether the alarm can take actions in this run: act mode, in a mode it watches (rule mode has no reward model)."""
-    return config.alarm.mode == "act" and config.run.mode != "rule"
+    return config.alarm.mode == "act" and reward_mode(config.run.mode).reward_model_scores
 
 
 def active_actions(config: CooperConfig, store: RunStore) -> list[str]:
@@ -79,7 +80,7 @@ class AlarmWatch:
     def for_run(cls, config: CooperConfig, store: RunStore, run_dir: Path) -> AlarmWatch | None:
         """None when there is nothing to watch: alarm.mode off, rule mode (no reward model), or a run too short
         to fit a baseline and then watch."""
-        if config.alarm.mode == "off" or config.run.mode == "rule":
+        if config.alarm.mode == "off" or not reward_mode(config.run.mode).reward_model_scores:
             return None
         if config.run.steps <= config.alarm.baseline_steps:
             log.info("reward-hacking alarm off: run.steps (%d) leaves no step after its %d-step baseline",

@@ -26,6 +26,8 @@ from typing import Any
 import yaml
 
 from cooper.config import EXPERIMENT_LABELS, CooperConfig
+from cooper.modes import MODES as REWARD_MODES
+from cooper.modes import reward_mode
 from cooper.orchestrator.figures import (
     COLORS,
     finish_panel,
@@ -39,7 +41,7 @@ from cooper.orchestrator.outputs import read_metrics
 from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
 from cooper.runtime.processes import die_with_parent
 
-MODES = ("rule", "static", "cooper")
+MODES = tuple(REWARD_MODES)
 PANELS = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy"),
           ("rm_verifier_disagreement", "VerifyRM vs verifier disagreement"),
           ("rm_auroc", "VerifyRM AUROC vs verifier (rollouts)")]
@@ -57,6 +59,11 @@ def recipe_of(label: str) -> str:
 def mode_of(label: str) -> str:
     """The reward mode of a run label: `static` and `static-noaction` are static, `cooper-paper` is cooper."""
     return EXPERIMENT_LABELS[recipe_of(label)][0]
+
+
+def scores_with_reward_model(label: str) -> bool:
+    """Whether the runs of an experiment label have a VerifyRM (to watch, to plot, to sample best-of-n with)."""
+    return reward_mode(mode_of(label)).reward_model_scores
 
 
 def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]]]:
@@ -342,7 +349,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     from cooper.config import ConfigError
     from cooper.orchestrator.launch import prepare_models
 
-    watched = [mode for mode in modes if mode != "rule"]  # rule mode has no VerifyRM to watch
+    watched = [mode for mode in modes if scores_with_reward_model(mode)]  # rule mode has no VerifyRM to watch
     if no_action_control and (config.alarm.mode != "act" or not watched):
         raise ConfigError("a no-action control compares the alarm acting with the alarm only warning: it needs "
                           f"alarm.mode=act (got {config.alarm.mode}) and a static or cooper mode")
@@ -355,7 +362,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     started = time.monotonic()
     prepare_models(config, reward=True)  # once, here, rather than raced by the first parallel runs
     curve = []
-    if best_of_n_samples and any(mode != "rule" for mode in modes):
+    if best_of_n_samples and any(scores_with_reward_model(mode) for mode in modes):
         from cooper.orchestrator.best_of_n import BestOfN, measure_best_of_n
 
         measured = measure_best_of_n(config, samples=best_of_n_samples)
@@ -367,7 +374,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     runs = {label: [records[(label, seed)] for seed in seeds] for label in labels}
     compare_plot(runs, out / "compare.png")
     overoptimization_plot(runs, out / "overoptimization.png", curve)
-    rm_health_plot({m: r for m, r in runs.items() if m != "rule"}, out / "rm_health.png")
+    rm_health_plot({m: r for m, r in runs.items() if scores_with_reward_model(m)}, out / "rm_health.png")
     # The verdict reads a benchmark named `heldout` when the data has one, else the first benchmark.
     benchmarks = [k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")]
     benchmark = "heldout" if "heldout" in benchmarks else next(iter(benchmarks), None)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cooper.modes import reward_mode
+
 ROLLOUT, VERIFY, SCORE, POLICY_UPDATE, NEGATIVES, REWARD_UPDATE, EVALUATE = (
     "rollout", "verify", "score", "policy_update", "negatives", "reward_update", "evaluate",
 )
@@ -51,8 +53,7 @@ class StepGraph:
         """`verify_before_update`: policy_update(t) waits for verify(t) too, so that it can train on the verifier's
         reward instead of the reward model's (the reward-hacking alarm's act mode). `max_staleness`: how many
         versions behind the trainer a rollout may sample (see above)."""
-        if mode not in ("rule", "static", "cooper"):
-            raise ValueError(f"unknown reward mode {mode!r}")
+        self.reward = reward_mode(mode)
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be at least 0 (got {max_staleness})")
         self.mode, self.steps, self.eval_every = mode, steps, eval_every
@@ -74,7 +75,7 @@ class StepGraph:
         if step == -1:
             return [EVALUATE] if self.evaluates_after(-1) else []
         stages = [ROLLOUT, VERIFY, SCORE, POLICY_UPDATE]
-        if self.mode == "cooper":
+        if self.reward.reward_model_learns:
             stages += [NEGATIVES, REWARD_UPDATE]
         if self.evaluates_after(step):
             stages.append(EVALUATE)
@@ -102,15 +103,15 @@ class StepGraph:
         if stage == VERIFY:
             return [Job(t, ROLLOUT)]
         if stage == SCORE:
-            if self.mode == "rule":
+            if not self.reward.reward_model_scores:  # the verifier's verdicts are the reward
                 return [Job(t, VERIFY)]
             deps = [Job(t, ROLLOUT)]
-            if self.mode == "cooper" and t > 0:
+            if self.reward.reward_model_learns and t > 0:
                 deps.append(Job(t - 1, REWARD_UPDATE))  # score(t) uses v_t, the model after reward_update(t-1)
             return deps
         if stage == POLICY_UPDATE:
             deps = [Job(t, SCORE)]
-            if self.verify_before_update and self.mode != "rule":  # in rule mode score(t) waits for verify(t)
+            if self.verify_before_update and self.reward.reward_model_scores:  # else score(t) waits for verify(t)
                 deps.append(Job(t, VERIFY))
             if t == 0 and self.evaluates_after(-1):
                 deps.append(Job(-1, EVALUATE))  # the initial evaluation sees version 0

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from cooper.config import CooperConfig
 from cooper.evaluation.monitor import auroc, false_positive_rate
 from cooper.evaluation.rm_bench import BenchItem, load_bench
+from cooper.modes import reward_mode
 from cooper.orchestrator import graph as g
 from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.data import StepData, load_data
@@ -71,7 +72,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "no_answer_rate": _mean([float(v == "NO_ANSWER") for v in ve["verdicts"]]),
         "reward_version_used": sc["reward_version"],
         "policy_version": pu["policy_version"],
-        "reward_source": pu.get("reward_source", "verifier" if graph.mode == "rule" else "reward_model"),
+        "reward_source": pu.get("reward_source", graph.reward.reward_source),
         "policy_version_sampled": ro["policy_version"],
         # Versions between the one that sampled the rollout and the one its update started from (run.max_staleness).
         "policy_staleness": pu["policy_version"] - 1 - ro["policy_version"],
@@ -79,7 +80,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "data_epoch": ro["data_position"]["epoch"],
         "data_offset": ro["data_position"]["offset"],
     }
-    if graph.mode != "rule":
+    if graph.reward.reward_model_scores:
         # How often VerifyRM (reward > 0.5) and the verifier disagree: the first sign of reward hacking.
         record["rm_verifier_disagreement"] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
         record["reward_accuracy_gap"] = record["reward_mean"] - record["verifier_accuracy"]
@@ -98,7 +99,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         # KL(pi || pi_initial) per completion, the x axis of the over-optimisation plot (Gao et al. 2022): the
         # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
         record["kl_from_initial"] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
-    if graph.mode == "cooper":
+    if graph.reward.reward_model_learns:
         ng: NegativesResult = results[g.NEGATIVES]
         ru: RewardUpdateResult = results[g.REWARD_UPDATE]
         record.update({
@@ -119,7 +120,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         for key, value in evaluation.get("rm_bench", {}).items():
             record[f"rm_bench/{key}"] = value
     if step == 0 and graph.evaluates_after(-1):  # the initial policy's evaluation, before any update
-        initial: EvaluationResult = ctx.result(g.EVALUATE, -1)
+        initial = ctx.evaluation(-1)
         for name, accuracy in initial["accuracy"].items():
             record[f"test_initial/{name}"] = accuracy
         for key, value in initial.get("rm_bench", {}).items():
@@ -133,7 +134,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
 def rm_benchmark(config: CooperConfig) -> list[BenchItem]:
     """The items of eval.rm_benchmark_path; none in rule mode, where no reward model runs."""
     path = config.eval.rm_benchmark_path
-    if path and config.run.mode == "rule":
+    if path and not reward_mode(config.run.mode).reward_model_scores:
         log.warning("eval.rm_benchmark_path is ignored in rule mode: there is no reward model to score it")
         return []
     return load_bench(path) if path else []
@@ -193,10 +194,10 @@ class Orchestrator:
                          f"logs: {self.run_dir / 'logs'}), then continue it with: cooper train --resume {self.run_id}")
 
     def _checkpoint(self, step: int) -> None:
-        policy = self.ctx.client("policy").save(tag=f"step-{step}")
+        policy = self.ctx.policy.save(tag=f"step-{step}")
         info: dict[str, Any] = {"step": step, "policy_checkpoint": policy.path, "policy_version": policy.version}
-        if self.graph.mode != "rule":
-            reward = self.ctx.client("reward").save(tag=f"step-{step}")
+        if self.graph.reward.reward_model_scores:
+            reward = self.ctx.reward.save(tag=f"step-{step}")
             info.update(reward_checkpoint=reward.path, reward_version=reward.version)
         self.store.set_state(last_checkpoint=info)
         tmp = self.run_dir / "checkpoint.json.tmp"

@@ -22,6 +22,7 @@ import grpc
 
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
+from cooper.modes import RewardMode, reward_mode
 from cooper.orchestrator import graph
 from cooper.orchestrator.alarm_watch import ROLLBACK_DONE_KEY, ROLLBACK_KEY, active_actions, acts
 from cooper.orchestrator.data import Example, StepData, prompt_text
@@ -75,7 +76,7 @@ class StageContext:
     _clients: dict[str, Any] = field(default_factory=dict)
     _closed: bool = False
 
-    def client(self, name: str) -> Any:
+    def _client(self, name: str) -> Any:
         if self._closed:  # a job still running while the run stops must not open a client that outlives it
             raise RuntimeError(f"the run is stopping; the {name} service is not called any more")
         if name not in self._clients:
@@ -85,9 +86,51 @@ class StageContext:
             self._clients[name] = CLIENTS[name](self.addresses[name], server_config, self.config.security)
         return self._clients[name]
 
+    @property
+    def mode(self) -> RewardMode:
+        return reward_mode(self.config.run.mode)
+
+    @property
+    def policy(self) -> PolicyClient:
+        return self._client("policy")
+
+    @property
+    def reward(self) -> RewardClient:
+        return self._client("reward")
+
+    @property
+    def verifier(self) -> VerifierClient:
+        return self._client("verifier")
+
+    @property
+    def generator(self) -> GeneratorClient:
+        return self._client("generator")
+
     def result(self, stage: str, step: int) -> Any:
         """The recorded result of job stage:step (a `stage_results` type, by `stage`)."""
         return self.store.result(graph.Job(step, stage).id)
+
+    # Each stage's recorded result, typed, so that an editor follows a step from job to job.
+    def rollout(self, step: int) -> RolloutResult:
+        return self.result(graph.ROLLOUT, step)
+
+    def verification(self, step: int) -> VerificationResult:
+        return self.result(graph.VERIFY, step)
+
+    def scores(self, step: int) -> ScoreResult:
+        return self.result(graph.SCORE, step)
+
+    def policy_update(self, step: int) -> PolicyUpdateResult:
+        return self.result(graph.POLICY_UPDATE, step)
+
+    def negatives(self, step: int) -> NegativesResult:
+        return self.result(graph.NEGATIVES, step)
+
+    def reward_update(self, step: int) -> RewardUpdateResult:
+        return self.result(graph.REWARD_UPDATE, step)
+
+    def evaluation(self, step: int) -> EvaluationResult:
+        return self.result(graph.EVALUATE, step)
 
     @property
     def stopping(self) -> bool:
@@ -166,7 +209,7 @@ def sample(ctx: StageContext, job: str, version: int | None, prompts: list[tuple
     """Generate with the policy of `version` (None: its current one). A version the service does not hold fails the
     run (InconsistentRun): the service is behind or ahead of the run, or was restarted without the versions kept
     behind its trainer."""
-    policy, sampling = ctx.client("policy"), ctx.config.policy.sampling
+    policy, sampling = ctx.policy, ctx.config.policy.sampling
     try:
         return policy.generate(prompts, n=n, temperature=temperature, top_p=top_p,
                                max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=seed, version=version)
@@ -209,11 +252,11 @@ def rollout(ctx: StageContext, step: int) -> RolloutResult:
 
 
 def verify(ctx: StageContext, step: int) -> VerificationResult:
-    ro = ctx.result(graph.ROLLOUT, step)
+    ro = ctx.rollout(step)
     by_id = prompts_by_id(ro)
     items = [VerifyItem(id=str(k), completion=c.get("text", ""), reference=by_id[c["prompt_id"]]["answer"])
              for k, c in enumerate(ro["completions"])]
-    results = ctx.client("verifier").verify(items)
+    results = ctx.verifier.verify(items)
     return {"verdicts": [Verdict.Name(r.verdict) for r in results], "extracted": [r.extracted for r in results]}
 
 
@@ -223,14 +266,14 @@ def verifier_rewards(verification: VerificationResult) -> list[float]:
 
 
 def score(ctx: StageContext, step: int) -> ScoreResult:
-    if ctx.config.run.mode == "rule":  # the verifier's 1/0; the reward service is never called
-        return {"rewards": verifier_rewards(ctx.result(graph.VERIFY, step)), "logits": [], "reward_version": -1}
-    ro = ctx.result(graph.ROLLOUT, step)
+    if not ctx.mode.reward_model_scores:  # the verifier's 1/0; the reward service is never called
+        return {"rewards": verifier_rewards(ctx.verification(step)), "logits": [], "reward_version": -1}
+    ro = ctx.rollout(step)
     by_id = prompts_by_id(ro)
     items = [ScoreItem(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                        completion=c.get("text", "")) for c in ro["completions"]]
-    result = ctx.client("reward").score(items)
-    if ctx.config.run.mode == "cooper" and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
+    result = ctx.reward.score(items)
+    if ctx.mode.reward_model_learns and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
         expect_version("reward", result.version,
                        recorded(ctx, graph.REWARD_UPDATE, step - 1, "reward_version", "reward_version"),
                        f"score:{step}")
@@ -267,7 +310,7 @@ def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> Pol
     retried = info.last_key == f"{key_run}/{request['raise']}" and info.version == sampled + 1  # this job's, again
     if not retried and (request["raise"] <= done or info.version != sampled):
         return None
-    reply = ctx.client("policy").restore(key_run, request["raise"], request["at_most_version"])
+    reply = ctx.policy.restore(key_run, request["raise"], request["at_most_version"])
     expect_version("policy", reply.version, sampled + 1, job)
     ctx.store.set_state(**{ROLLBACK_DONE_KEY: request["raise"]})
     return {"metrics": {}, "policy_version": reply.version, "replayed": reply.replayed, "reward_source": "rollback",
@@ -275,8 +318,8 @@ def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> Pol
 
 
 def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
-    ro, sc = ctx.result(graph.ROLLOUT, step), ctx.result(graph.SCORE, step)
-    policy, job, sampled = ctx.client("policy"), f"policy_update:{step}", ro["policy_version"]
+    ro, sc = ctx.rollout(step), ctx.scores(step)
+    policy, job, sampled = ctx.policy, f"policy_update:{step}", ro["policy_version"]
     # The version this update starts from: the one that sampled the rollout, or with rollouts ahead of training up
     # to run.max_staleness versions after it.
     start = policy_version_after(ctx, step - 1) if ctx.config.run.max_staleness else sampled
@@ -285,11 +328,11 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     if acts(ctx.config) and (rolled_back := rollback_policy(ctx, info, sampled, job)):
         return rolled_back
     expect_before_update("policy", info, start, f"{ctx.run_id}/{step}", job)
-    rewards, source = sc["rewards"], "verifier" if ctx.config.run.mode == "rule" else "reward_model"
+    rewards, source = sc["rewards"], ctx.mode.reward_source
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
     if "verifier_reward" in active_actions(ctx.config, ctx.store):
-        rewards, source = verifier_rewards(ctx.result(graph.VERIFY, step)), "verifier"
+        rewards, source = verifier_rewards(ctx.verification(step)), "verifier"
     reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
@@ -317,7 +360,7 @@ def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: Score
 
 
 def negatives(ctx: StageContext, step: int) -> NegativesResult:
-    ro, ve = ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step)
+    ro, ve = ctx.rollout(step), ctx.verification(step)
     positives = verified_positives(ro, ve)
     by_id = prompts_by_id(ro)
     if ctx.config.run.negatives == "rollouts":
@@ -330,7 +373,7 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
                 "rejections": []}
     items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
              for pid, text in positives.items()]
-    results = ctx.client("generator").negatives(items) if items else []
+    results = ctx.generator.negatives(items) if items else []
     pairs = [PairRecord(question=by_id[r.id]["question"], reference=by_id[r.id]["answer"], positive=positives[r.id],
                         negative=r.negative) for r in results if r.valid]
     return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(items),
@@ -338,9 +381,9 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
 
 
 def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
-    ng, sc = ctx.result(graph.NEGATIVES, step), ctx.result(graph.SCORE, step)
+    ng, sc = ctx.negatives(step), ctx.scores(step)
     pairs = [PreferencePair(**p) for p in ng["pairs"]]
-    reward, job, used = ctx.client("reward"), f"reward_update:{step}", sc["reward_version"]
+    reward, job, used = ctx.reward, f"reward_update:{step}", sc["reward_version"]
     optimizer_steps = flagged = 0
     await_the_alarm(ctx, step)
     acting = "rm_negatives" in active_actions(ctx.config, ctx.store)
@@ -348,7 +391,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
         # While the alarm acts: VerifyRM learns faster, and from the very rollouts it overpays (those not already
         # among the pairs: the rollouts variant pairs every rejected rollout anyway).
         known = {(p.positive, p.negative) for p in pairs}
-        extra = [p for p in flagged_false_positives(ctx.result(graph.ROLLOUT, step), ctx.result(graph.VERIFY, step),
+        extra = [p for p in flagged_false_positives(ctx.rollout(step), ctx.verification(step),
                                                     sc) if (p.positive, p.negative) not in known]
         pairs, flagged = pairs + extra, len(extra)
         optimizer_steps = ctx.config.reward.update_steps * ctx.config.alarm.rm_update_factor
@@ -370,7 +413,7 @@ def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
     for name, rows in ctx.tests.items():
         rows = rows[: ev.max_problems] if ev.max_problems else rows
         # Step -1 evaluates the initial policy, version 0, before policy_update(0) (graph.py).
-        expected = 0 if step == -1 else ctx.result(graph.POLICY_UPDATE, step)["policy_version"]
+        expected = 0 if step == -1 else ctx.policy_update(step)["policy_version"]
         reply = sample(ctx, f"evaluate:{step}", expected, [(row.id, prompt_text(ctx.config, row)) for row in rows],
                        n=ev.k, temperature=ev.temperature, top_p=ev.top_p,
                        seed=step_seed(ctx.config.run.seed, step, f"eval:{name}"))
@@ -379,7 +422,7 @@ def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
         answers = {row.id: row.answer for row in rows}
         items = [VerifyItem(id=str(k), completion=c.text, reference=answers[c.prompt_id])
                  for k, c in enumerate(reply.completions)]
-        verdicts = ctx.client("verifier").verify(items)
+        verdicts = ctx.verifier.verify(items)
         accuracies[name] = statistics.fmean(v.verdict == Verdict.CORRECT for v in verdicts) if verdicts else 0.0
     result: EvaluationResult = {"accuracy": accuracies, "policy_version": version}
     if ctx.rm_bench:
@@ -394,7 +437,7 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     from cooper.services.reward.verify_rm import logit_to_reward
 
     items = [ScoreItem(i.question, i.reference, i.completion) for i in ctx.rm_bench]
-    scored = ctx.client("reward").score(items)
+    scored = ctx.reward.score(items)
     # The probabilities, from the logits: with reward.discrete the scores are 0/1, which keeps accuracy but ties
     # every AUROC comparison.
     probabilities = [logit_to_reward(logit) for logit in scored.logits] if scored.logits else list(scored.scores)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+import typing
 
 import pytest
 import redis
 
-from cooper.config import CooperConfig
+from cooper.config import CooperConfig, RunConfig
+from cooper.modes import COOPER, MODES, RULE, STATIC
 from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
@@ -34,8 +36,16 @@ def test_rule_and_static_graphs():
     assert rule.stages(0) == static.stages(0) == ["rollout", "verify", "score", "policy_update"]
     assert [d.id for d in rule.dependencies(Job(1, g.SCORE))] == ["verify:1"]
     assert [d.id for d in static.dependencies(Job(1, g.SCORE))] == ["rollout:1"]
-    with pytest.raises(ValueError, match="unknown reward mode"):
+    with pytest.raises(ValueError, match="unknown reward mode 'hybrid': one of rule, static, cooper"):
         StepGraph("hybrid", 1, 0)
+
+
+def test_the_modes_are_defined_once():
+    assert typing.get_args(RunConfig.model_fields["mode"].annotation) == tuple(MODES)
+    assert [m for m in MODES.values() if m.reward_model_learns] == [COOPER]
+    assert COOPER.services("generator") == ["verifier", "policy", "reward", "generator"]
+    assert COOPER.services("rollouts") == STATIC.services("rollouts") == ["verifier", "policy", "reward"]
+    assert RULE.services("generator") == ["verifier", "policy"] and RULE.reward_source == "verifier"
 
 
 def test_evaluation_runs_before_the_next_rollout():

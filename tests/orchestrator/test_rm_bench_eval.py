@@ -53,7 +53,7 @@ def test_evaluation_scores_the_benchmark_with_the_current_reward_version(reward_
         # One Bradley-Terry update later, the next evaluation sees version 1 and its changed scores.
         pairs = [PreferencePair(p.question, p.answer, p.solution, wrong_solution(p, random.Random(0)))
                  for p in make_split(16, 5, "rm-bench-update")]
-        assert ctx.client("reward").update(run_id, 0, pairs).version == 1
+        assert ctx.reward.update(run_id, 0, pairs).version == 1
         second = stages.evaluate(ctx, 1)["rm_bench"]
         assert second["reward_version"] == 1
         assert second["auroc"] != first["auroc"]
