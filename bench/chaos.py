@@ -1,11 +1,11 @@
 """Chaos: SIGKILL every part of a real tiny run at seeded random moments; the run must end as if nothing happened.
 
 Per seed and recipe, one uninterrupted run, then the same run (same `run.seed`) with `--kills` SIGKILLs, each at a
-seeded step plus a seeded delay of 0-2 s: every service (verifier, policy, reward, generator), the `cooper train`
-CLI and its embedded Redis, each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI,
+seeded step plus a seeded delay of 0-2 s: every service the run has (verifier, policy, reward, and the generator
+in the paper's recipe), the `cooper train` CLI and its embedded Redis, each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI,
 so the CLI's kill is theirs too. A kill that ends the CLI (the CLI itself; Redis, which stops the run with
 RunFailed) is followed by `cooper train --resume`. Two recipes: the tiny preset's variant (`rollouts`: negatives
-from the policy's own rejected rollouts, so the generator is started but never called) and the paper's
+from the policy's own rejected rollouts, so no generator runs) and the paper's
 (`generator`: the generator writes every negative), where one more kill SIGKILLs the generator inside a
 `negatives` job. Evaluations run every `--eval-every` steps, and one more kill lands inside one (the policy, the
 verifier or the CLI, seeded). A kill meant to land inside a job is counted only if that job was running when it was

@@ -30,7 +30,7 @@ READABLE = "config.yaml"  # secrets masked: what people read
 def local_overrides(config: CooperConfig, run_dir: Path) -> list[str]:
     """Free ports and run-local checkpoints for every service this run starts."""
     out = []
-    for name in services_needed(config.run.mode):
+    for name in services_needed(config):
         if getattr(config, name).server.address:
             continue
         out += [f"{name}.server.host=127.0.0.1", f"{name}.server.port=0", f"{name}.server.metrics_port=0"]

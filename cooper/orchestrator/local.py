@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from cooper.config import CooperConfig, mask_url_password
+from cooper.modes import reward_mode
 from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.runtime.processes import ServiceProcess, ServiceStartError, start_service, wait_until_ready
 
@@ -31,10 +32,10 @@ START_TIMEOUT_S = 600.0
 seconds on an idle machine and minutes on a loaded one; a service that dies while starting is noticed at once."""
 
 
-def services_needed(mode: str) -> list[str]:
-    """rule never calls the reward service; only cooper writes negatives."""
-    return {"rule": ["verifier", "policy"], "static": ["verifier", "policy", "reward"],
-            "cooper": ["verifier", "policy", "reward", "generator"]}[mode]
+def services_needed(config: CooperConfig) -> list[str]:
+    """The services the run calls: its reward mode's (cooper/modes.py), the generator only when it writes the
+    negatives (run.negatives)."""
+    return reward_mode(config.run.mode).services(config.run.negatives)
 
 
 def open_redis(config: CooperConfig, run_dir: Path) -> redis.Redis:
@@ -68,10 +69,10 @@ class LocalServices:
 
     def __init__(self, config: CooperConfig, config_path: Path, run_dir: Path, names: Sequence[str] | None = None,
                  on_lost: Callable[[str], None] | None = None):
-        """`names`: the services to provide; by default those config.run.mode needs. `on_lost(message)` is called
+        """`names`: the services to provide; by default those the run calls (`services_needed`). `on_lost(message)` is called
         when a service died and cannot be restarted (the run should stop with that message)."""
         self.config, self.config_path, self.run_dir = config, config_path, run_dir
-        self.names = list(names) if names is not None else services_needed(config.run.mode)
+        self.names = list(names) if names is not None else services_needed(config)
         self.on_lost = on_lost
         self.started: list[ServiceProcess] = []
         self.addresses: dict[str, str] = {}

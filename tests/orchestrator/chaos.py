@@ -33,6 +33,7 @@ from cooper.config import PAPER_RECIPE
 from cooper.orchestrator.outputs import read_metrics
 
 TARGETS = (*SERVICES, "cli", "redis")
+"""What a run can lose; the tiny preset's variant (`rollouts`) never starts the generator, so it cannot lose it."""
 EXACT = ("step", "prompt_ids", "data_epoch", "data_offset", "policy_version", "policy_version_sampled",
          "reward_version_used", "reward_version", "pairs", "positive_rate", "valid_pair_rate", "verifier_accuracy",
          "no_answer_rate")
@@ -42,8 +43,8 @@ RECIPES = {
     "rollouts": (),
     "generator": PAPER_RECIPE,
 }
-"""The tiny preset's variant (negatives from the policy's own rejected rollouts: the generator is started but never
-called) and the paper's recipe (the generator writes every negative; docs/experiments.md, section 0)."""
+"""The tiny preset's variant (negatives from the policy's own rejected rollouts: no generator runs) and the paper's
+recipe (the generator writes every negative; docs/experiments.md, section 0)."""
 IN_UPDATES = (("policy", "policy_update"), ("reward", "reward_update"))
 """The services killed in the middle of their own update, in every run: each comes back from its checkpoint plus its
 update journal (cooper/runtime/durability.py), and the retried update is applied once."""
@@ -124,12 +125,14 @@ class ChaosRun:
         return sum(k.target == "generator" and (k.inside or "").startswith("negatives:") for k in self.landed)
 
 
-def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] = TARGETS, recipe: str = "rollouts",
+def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] | None = None, recipe: str = "rollouts",
              eval_every: int = 0) -> list[Kill]:
     """`kills` kills, each target at least once when there are enough, spread over the run (the k-th near step
     k * steps / (kills + 1), seeded +-1) with a seeded delay of 0-2 s; plus the policy and the reward service each
     inside one of its updates (IN_UPDATES), with `eval_every` one inside an evaluation (a seeded EVAL_TARGETS), and
     with the paper's recipe one of the generator inside a negatives job, each at a seeded place among the others."""
+    if targets is None:
+        targets = TARGETS if recipe == "generator" else tuple(t for t in TARGETS if t != "generator")
     inside = [Kill(target, 0, 0.0, during=stage) for target, stage in IN_UPDATES] + \
         ([Kill(random.Random(seed).choice(EVAL_TARGETS), 0, 0.0, during="evaluate")] if eval_every else []) + \
         ([Kill("generator", 0, 0.0, during="negatives")] if recipe == "generator" else [])

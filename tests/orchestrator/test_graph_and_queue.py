@@ -5,16 +5,18 @@ from __future__ import annotations
 import threading
 import time
 import typing
+from pathlib import Path
 
 import pytest
 import redis
 
-from cooper.config import CooperConfig, RunConfig
+from cooper.config import PAPER_RECIPE, CooperConfig, RunConfig, load_config
 from cooper.modes import COOPER, MODES, RULE, STATIC
 from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
+from cooper.orchestrator.local import services_needed
 from cooper.orchestrator.run_store import JobStatus, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker
@@ -46,6 +48,10 @@ def test_the_modes_are_defined_once():
     assert COOPER.services("generator") == ["verifier", "policy", "reward", "generator"]
     assert COOPER.services("rollouts") == STATIC.services("rollouts") == ["verifier", "policy", "reward"]
     assert RULE.services("generator") == ["verifier", "policy"] and RULE.reward_source == "verifier"
+    # `cooper train` with no arguments (the tiny preset: negatives from the rollouts) starts no generator.
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+    assert services_needed(load_config(tiny, [], environ={})) == ["verifier", "policy", "reward"]
+    assert "generator" in services_needed(load_config(tiny, list(PAPER_RECIPE), environ={}))
 
 
 def test_evaluation_runs_before_the_next_rollout():

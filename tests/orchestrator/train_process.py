@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 
-from cooper.orchestrator.local import services_needed
+from cooper.modes import COOPER
 from cooper.orchestrator.outputs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = tuple(services_needed("cooper"))
+SERVICES = tuple(COOPER.services(negatives="generator"))  # every service there is
 """Every service a run can start (cooper mode starts them all)."""
 STARTUP_S = 900.0
 """The most a service of the run may take to start (or restart) before the run counts as stuck: on 2 cores kept busy
