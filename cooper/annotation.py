@@ -23,6 +23,7 @@ from typing import Any
 
 from cooper.config import RewardConfig
 from cooper.jsonl import read_json_objects
+from cooper.runtime.files import write_atomically
 from cooper.services.reward.items import LabelledTriple, ScoreItem
 
 # verdict names as the services send them (cooper.verifier.v1.Verdict, cooper.generator.v1.Judgment)
@@ -147,14 +148,7 @@ def write_annotated(path: str | Path, kept: Sequence[Annotated]) -> None:
     """JSON Lines, written to a temporary file and renamed into place."""
     lines = [json.dumps({**asdict(a.triple), "label": a.label, "verifier": a.verifier, "judge": a.judge})
              for a in kept]
-    _write_atomically(Path(path), "".join(line + "\n" for line in lines))
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_atomically(path, "".join(line + "\n" for line in lines))
 
 
 # ----- pre-training -----

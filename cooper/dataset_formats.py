@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from cooper.boxed import last_boxed
+from cooper.runtime.files import write_atomically
 
 
 class DatasetFormatError(ValueError):
@@ -265,11 +266,7 @@ def convert_rows(rows: Sequence[dict[str, Any]], path: str | Path, format: str |
 
 def write_rows(path: str | Path, rows: Sequence[Converted]) -> None:
     """JSON Lines, written to a temporary file and renamed into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(row.as_dict(), ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    tmp.replace(path)
+    write_atomically(path, "".join(json.dumps(row.as_dict(), ensure_ascii=False) + "\n" for row in rows))
 
 
 def convert_file(input_path: str | Path, output_path: str | Path, format: str | None = None,

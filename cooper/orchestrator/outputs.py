@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cooper.runtime.files import write_atomically
+
 PLOTTED = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy")]
 
 
@@ -69,9 +71,7 @@ def trim_metrics(run_dir: Path, logged_through: int) -> list[int]:
         else:
             dropped.append(step)
     if dropped:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
+        write_atomically(path, "".join(line + "\n" for line in kept))
     return dropped
 
 

@@ -41,6 +41,7 @@ from cooper.orchestrator.stage_results import (
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
+from cooper.runtime.files import write_atomically
 
 log = logging.getLogger("cooper.orchestrator")
 
@@ -200,9 +201,8 @@ class Orchestrator:
             reward = self.ctx.reward.save(tag=f"step-{step}")
             info.update(reward_checkpoint=reward.path, reward_version=reward.version)
         self.store.set_state(last_checkpoint=info)
-        tmp = self.run_dir / "checkpoint.json.tmp"
-        tmp.write_text(json.dumps({**info, "run_id": self.run_id, "state": self.store.state()}, indent=2))
-        tmp.replace(self.run_dir / "checkpoint.json")
+        write_atomically(self.run_dir / "checkpoint.json",
+                         json.dumps({**info, "run_id": self.run_id, "state": self.store.state()}, indent=2))
 
     def run(self, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
         next_step = self._start(resume)

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from cooper.runtime.journal import fsync_path
+from cooper.runtime.files import fsync_path
 
 OPTIMIZER_FILE = "optimizer.pt"
 

@@ -27,16 +27,9 @@ from typing import Any
 
 import torch
 
+from cooper.runtime.files import fsync_path
+
 _ENTRY = re.compile(r"^u(\d{8})\.pt$")
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory: a rename is durable only once the directory that holds the name is on disk too."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class UpdateJournal:

@@ -19,7 +19,6 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cooper.config import SecurityConfig, ServerConfig
+from cooper.runtime.files import write_atomically
 from cooper.runtime.security import TokenServerInterceptor, server_credentials
 
 log = logging.getLogger("cooper.runtime")
@@ -215,10 +215,7 @@ class GrpcService:
                 "health_port": self.health_port}
         data.update(self.ready_info)
         data.update(extra)
-        target = Path(path)
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(target)
+        write_atomically(path, json.dumps(data))
 
 
 def run_service(
