@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,41 @@ def acts(config: CooperConfig) -> bool:
     return config.alarm.mode == "act" and reward_mode(config.run.mode).reward_model_scores
 
 
-def active_actions(config: CooperConfig, store: RunStore) -> list[str]:
-    """The alarm's actions in force now: none unless the alarm acts (then a Redis read of the run state)."""
-    if not acts(config):
-        return []
-    return list(store.state().get(ACTIVE_KEY, []))
+@dataclass(frozen=True)
+class RollbackRequest:
+    """The rollback of one raise: restore the newest kept policy checkpoint at or below `at_most_version`."""
+
+    raise_number: int
+    at_most_version: int
+
+
+@dataclass(frozen=True)
+class AlarmOrders:
+    """What the alarm asks of the stages now, from one read of the run state: all off unless it acts (act mode)."""
+
+    verifier_reward: bool = False
+    """The policy trains on the verifier's reward instead of VerifyRM's."""
+    rm_negatives: bool = False
+    """VerifyRM's update takes more optimizer steps, with the rollouts it overpaid as extra negatives."""
+    rollback: RollbackRequest | None = None
+    """The latest raise's rollback request (taken once: `rollback_done`)."""
+    rollback_done: int = 0
+    """The raise whose rollback policy_update took last."""
+
+    @classmethod
+    def read(cls, config: CooperConfig, store: RunStore) -> AlarmOrders:
+        if not acts(config):
+            return cls()
+        state = store.state()
+        active, request = set(state.get(ACTIVE_KEY, [])), state.get(ROLLBACK_KEY)
+        return cls("verifier_reward" in active, "rm_negatives" in active,
+                   RollbackRequest(request["raise"], request["at_most_version"]) if request else None,
+                   int(state.get(ROLLBACK_DONE_KEY, 0)))
+
+    @staticmethod
+    def rolled_back(store: RunStore, request: RollbackRequest) -> None:
+        """Record that policy_update took `request`, so that no later step takes it again."""
+        store.set_state(**{ROLLBACK_DONE_KEY: request.raise_number})
 
 
 class AlarmWatch:

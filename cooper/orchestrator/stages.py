@@ -24,7 +24,7 @@ from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.modes import RewardMode, reward_mode
 from cooper.orchestrator import graph
-from cooper.orchestrator.alarm_watch import ROLLBACK_DONE_KEY, ROLLBACK_KEY, active_actions, acts
+from cooper.orchestrator.alarm_watch import AlarmOrders, acts
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
 from cooper.orchestrator.stage_results import (
@@ -297,22 +297,22 @@ def await_the_alarm(ctx: StageContext, step: int) -> None:
         time.sleep(0.02)
 
 
-def rollback_policy(ctx: StageContext, info: Any, sampled: int, job: str) -> PolicyUpdateResult | None:
+def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: Any, sampled: int, job: str
+                    ) -> PolicyUpdateResult | None:
     """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
     the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
     weights being rolled back). None when no rollback is due, and the update goes on. Only with run.max_staleness
     0 (config.py refuses the two together), where the version that sampled is the one the update starts from."""
-    state = ctx.store.state()
-    request = state.get(ROLLBACK_KEY)
-    if not request:
+    request = orders.rollback
+    if request is None:
         return None
-    key_run, done = f"{ctx.run_id}/rollback", int(state.get(ROLLBACK_DONE_KEY, 0))
-    retried = info.last_key == f"{key_run}/{request['raise']}" and info.version == sampled + 1  # this job's, again
-    if not retried and (request["raise"] <= done or info.version != sampled):
+    key_run = f"{ctx.run_id}/rollback"
+    retried = info.last_key == f"{key_run}/{request.raise_number}" and info.version == sampled + 1  # this job's again
+    if not retried and (request.raise_number <= orders.rollback_done or info.version != sampled):
         return None
-    reply = ctx.policy.restore(key_run, request["raise"], request["at_most_version"])
+    reply = ctx.policy.restore(key_run, request.raise_number, request.at_most_version)
     expect_version("policy", reply.version, sampled + 1, job)
-    ctx.store.set_state(**{ROLLBACK_DONE_KEY: request["raise"]})
+    AlarmOrders.rolled_back(ctx.store, request)
     return {"metrics": {}, "policy_version": reply.version, "replayed": reply.replayed, "reward_source": "rollback",
             "rolled_back_to": reply.restored_version}
 
@@ -324,14 +324,15 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     # to run.max_staleness versions after it.
     start = policy_version_after(ctx, step - 1) if ctx.config.run.max_staleness else sampled
     await_the_alarm(ctx, step)
+    orders = AlarmOrders.read(ctx.config, ctx.store)
     info = policy.info()
-    if acts(ctx.config) and (rolled_back := rollback_policy(ctx, info, sampled, job)):
+    if rolled_back := rollback_policy(ctx, orders, info, sampled, job):
         return rolled_back
     expect_before_update("policy", info, start, f"{ctx.run_id}/{step}", job)
     rewards, source = sc["rewards"], ctx.mode.reward_source
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
-    if "verifier_reward" in active_actions(ctx.config, ctx.store):
+    if orders.verifier_reward:
         rewards, source = verifier_rewards(ctx.verification(step)), "verifier"
     reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
     expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
@@ -386,7 +387,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     reward, job, used = ctx.reward, f"reward_update:{step}", sc["reward_version"]
     optimizer_steps = flagged = 0
     await_the_alarm(ctx, step)
-    acting = "rm_negatives" in active_actions(ctx.config, ctx.store)
+    acting = AlarmOrders.read(ctx.config, ctx.store).rm_negatives
     if acting:
         # While the alarm acts: VerifyRM learns faster, and from the very rollouts it overpays (those not already
         # among the pairs: the rollouts variant pairs every rejected rollout anyway).

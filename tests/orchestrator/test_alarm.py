@@ -184,7 +184,7 @@ def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp
 
 def test_rm_negatives_acts_in_cooper_mode_only(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch, active_actions
+    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmOrders, AlarmWatch
     from cooper.orchestrator.run_store import RunStore
 
     both = ["alarm.mode=act", "alarm.actions=[verifier_reward,rm_negatives]", "run.steps=200"]
@@ -195,9 +195,11 @@ def test_rm_negatives_acts_in_cooper_mode_only(tmp_path, redis_client, run_id) -
         assert watch is not None and watch.actions == expected
         for record in _records(120, hack_from=60):
             watch.observe(record)
-        assert store.state()[ACTIVE_KEY] == expected == active_actions(config, store)
+        assert store.state()[ACTIVE_KEY] == expected
+        orders = AlarmOrders.read(config, store)
+        assert (orders.verifier_reward, orders.rm_negatives) == (True, mode == "cooper")
     warn = load_config(overrides=["run.mode=cooper", "alarm.mode=warn"])
-    assert active_actions(warn, store) == []  # warn mode never reads the state: nothing acts
+    assert AlarmOrders.read(warn, store) == AlarmOrders()  # warn mode never reads the state: nothing acts
 
 
 def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_path, redis_client, run_id) -> None:
@@ -227,7 +229,7 @@ def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_pa
 
 def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ROLLBACK_KEY, AlarmWatch
+    from cooper.orchestrator.alarm_watch import ROLLBACK_KEY, AlarmOrders, AlarmWatch, RollbackRequest
     from cooper.orchestrator.run_store import RunStore
 
     config = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=act",
@@ -246,6 +248,7 @@ def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_cl
     assert 30 <= onset < 60 < raised_at
     assert fields[onset]["alarm/statistic"] == 0 and all(f["alarm/statistic"] > 0 for f in fields[onset + 1 : raised_at])
     assert request == {"raise": 1, "at_most_version": onset + 100} and event["onset"]["policy_version"] == onset + 100
+    assert AlarmOrders.read(config, store).rollback == RollbackRequest(1, onset + 100)  # what policy_update reads
     warn = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=warn",
                                   "alarm.actions=[rollback]"])
     quiet_store = RunStore(redis_client, "cooper-test", f"{run_id}-warn")
