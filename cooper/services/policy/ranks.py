@@ -35,7 +35,7 @@ import os
 import pickle
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -56,6 +56,10 @@ from cooper.services.policy.models import load_reference
 from cooper.services.policy.placement import Placement
 from cooper.services.policy.sharded import RankTrainer, shard_model, split_batch
 from cooper.services.policy.trainer import PolicyUpdater, RolloutSample
+
+COMMANDS: dict[str, Callable[..., Any]] = {command.__name__: command for command in (
+    RankTrainer.update, RankTrainer.full_optimizer_state)}
+"""What rank 0 can ask every rank to run, by the name that travels in the store (`cmd/<n>`); "stop" ends a rank."""
 
 log = logging.getLogger("cooper.policy")
 
@@ -198,7 +202,7 @@ def follow(place: Placement) -> int:
                 break
             received: list[Any] = [None]
             dist.scatter_object_list(received, None, src=0, group=arguments)
-            getattr(trainer, command)(*received[0])
+            COMMANDS[command](trainer, *received[0])
             control.set(f"ack/{seq}/{place.rank}", ("ok", None))
         dist.destroy_process_group()
         return 0
@@ -353,9 +357,13 @@ class RankGroup(PolicyUpdater):
             for key in keys:
                 self.control.delete(key)
 
-    def run(self, command: str, per_rank: Sequence[tuple[Any, ...]], rank0_extra: tuple[Any, ...] = ()) -> Any:
-        """Run `RankTrainer.<command>` on every rank (rank r with `per_rank[r]`, sent over the argument group; rank 0
-        with `rank0_extra` after them, which stays in this process); rank 0's result."""
+    def run(self, method: Callable[..., Any], per_rank: Sequence[tuple[Any, ...]], rank0_extra: tuple[Any, ...] = ()
+            ) -> Any:
+        """Run `method` (one of COMMANDS, a RankTrainer method) on every rank (rank r with `per_rank[r]`, sent over the
+        argument group; rank 0 with `rank0_extra` after them, which stays in this process); rank 0's result."""
+        command = method.__name__
+        if COMMANDS.get(command) is not method:
+            raise ValueError(f"{command} is not a rank command (ranks.COMMANDS)")
         if self.closed:
             raise RankFailure("the policy ranks were stopped after a failure")
         failure = self._lost(command, 0.0)
@@ -366,7 +374,7 @@ class RankGroup(PolicyUpdater):
             self.control.set(f"cmd/{self.seq}", command)
             if self.seq > 1:
                 self.control.delete(f"cmd/{self.seq - 1}")
-            result = self._on_rank0(self._rank0_share, command, per_rank, rank0_extra)
+            result = self._on_rank0(self._rank0_share, method, per_rank, rank0_extra)
         except Exception as err:
             # A collective fails on rank 0 when a peer went away: name that rank rather than the transport error.
             failure = self._lost(command, 5.0)
@@ -377,20 +385,21 @@ class RankGroup(PolicyUpdater):
         self._collect(self.seq, command)
         return result
 
-    def _rank0_share(self, command: str, per_rank: Sequence[tuple[Any, ...]], rank0_extra: tuple[Any, ...]) -> Any:
+    def _rank0_share(self, method: Callable[..., Any], per_rank: Sequence[tuple[Any, ...]],
+                     rank0_extra: tuple[Any, ...]) -> Any:
         received: list[Any] = [None]
         dist.scatter_object_list(received, list(per_rank), src=0, group=self.arguments)
-        return getattr(self.trainer, command)(*received[0], *rank0_extra)
+        return method(self.trainer, *received[0], *rank0_extra)
 
     # --- the trainer interface PolicyCore uses ------------------------------------------------------------
 
     def apply_update(self, samples: Sequence[RolloutSample], advantages: torch.Tensor) -> dict[str, float]:
         """One update across the ranks, each on its share, then the new weights gathered into the rollout model."""
         parts = split_batch(samples, advantages, self.world_size, self.cfg.optim.micro_batch_size)
-        return self.run("update", [(part,) for part in parts], rank0_extra=(self.rollout_model,))
+        return self.run(RankTrainer.update, [(part,) for part in parts], rank0_extra=(self.rollout_model,))
 
     def optimizer_state(self) -> dict[str, Any]:
-        return self.run("full_optimizer_state", [()] * self.world_size)
+        return self.run(RankTrainer.full_optimizer_state, [()] * self.world_size)
 
     @property
     def updates(self) -> int:
