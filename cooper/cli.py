@@ -378,6 +378,12 @@ def _serve(args: argparse.Namespace) -> int:
             from cooper.services.policy.ranks import follow
 
             return follow(place)
+    if args.service == "reward":
+        # VerifyRM's model process starts before this process imports the service (torch, FastAPI, ...), so that
+        # its own start-up runs beside those imports, not after them (cooper/services/reward/model_process.py).
+        from cooper.services.reward.model_process import start_early
+
+        start_early(config.reward)
     module = importlib.import_module(SERVICES[args.service])
     return run_service(module.create_service, config, ready_file=args.ready_file)
 

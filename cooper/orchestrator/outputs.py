@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +19,11 @@ PLOTTED = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout ve
 class MetricsLog:
     """Appends one JSON line per step and mirrors the numbers to TensorBoard.
 
-    The events are those torch's SummaryWriter.add_scalar writes (one scalar event per number, `simple_value`), by
-    tensorboard's own event writer: torch's module imports torch, 2-3 s of CPU in the orchestrator while the first
-    step runs, for nothing else the orchestrator does."""
+    The event file holds what torch's SummaryWriter.add_scalar writes (a file_version event, then one scalar event
+    per number, `simple_value`), written here with tensorboard's own record writer, in this thread. Not torch's
+    writer: importing it imports torch, 2-3 s of CPU in the orchestrator while the first step runs. Nor its
+    background writer thread: a Ctrl-C that lands while a step's events are queued can leave that thread asleep with
+    a full queue until its flush interval (2 minutes) ends, and the run's stop waits for it."""
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / "metrics.jsonl"
@@ -27,11 +32,17 @@ class MetricsLog:
         try:
             from tensorboard.compat.proto.event_pb2 import Event
             from tensorboard.compat.proto.summary_pb2 import Summary
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            from tensorboard.summary.writer.record_writer import RecordWriter
         except ImportError:  # tensorboard is a dependency; without it we still write JSONL and the plot
             return
         self._event, self._summary = Event, Summary
-        self._writer = EventFileWriter(str(run_dir / "tensorboard"))
+        folder = run_dir / "tensorboard"
+        folder.mkdir(parents=True, exist_ok=True)
+        # TensorBoard's naming: a resumed run adds a file beside the earlier ones.
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}"
+        self._writer = RecordWriter(open(folder / name, "wb"))  # noqa: SIM115 (closed by close())
+        self._writer.write(Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._writer.flush()
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -40,12 +51,17 @@ class MetricsLog:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
                     summary = self._summary(value=[self._summary.Value(tag=key, simple_value=float(value))])
-                    self._writer.add_event(self._event(summary=summary, wall_time=time.time(), step=record["step"]))
+                    event = self._event(summary=summary, wall_time=time.time(), step=record["step"])
+                    self._writer.write(event.SerializeToString())
             self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+
+_FILES = itertools.count()
+"""Event files opened by this process, the last part of their names."""
 
 
 def trim_metrics(run_dir: Path, logged_through: int) -> list[int]:

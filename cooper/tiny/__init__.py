@@ -10,23 +10,32 @@ every service resolves them without importing this package:
   "tiny-rm-keyed": the same with an answer key (bare right answers) among its positives.
 """
 
-from cooper.runtime.models import register_models
-from cooper.tiny.models import small_model_dir, tiny_hd32_model_dir, tiny_model_dir
-from cooper.tiny.warm_start import (
-    tiny_keyed_rm_dir,
-    tiny_noisy_rm_dir,
-    tiny_pretrained_rm_dir,
-    tiny_sft_hd32_policy_dir,
-    tiny_sft_policy_dir,
-)
+import importlib
+from pathlib import Path
+
+from cooper.runtime.models import ModelBuilder, register_models
+
+
+def _builder(function: str, of_kind: bool = True) -> ModelBuilder:
+    """`function` ("module:name" under cooper.tiny), imported when a name is first resolved: every Cooper process
+    imports this package (`import cooper`), and only those that build or load a tiny model need its builders (the
+    task's tables, the warm starts)."""
+    module, name = function.split(":")
+
+    def build(kind: str) -> Path:
+        make = getattr(importlib.import_module(f"cooper.tiny.{module}"), name)
+        return make(kind) if of_kind else make()
+
+    return build
+
 
 register_models({
-    "tiny": tiny_model_dir,
-    "tiny-sft": lambda kind: tiny_sft_policy_dir(),
-    "tiny-rm": lambda kind: tiny_pretrained_rm_dir(),
-    "tiny-rm-noisy": lambda kind: tiny_noisy_rm_dir(),
-    "tiny-rm-keyed": lambda kind: tiny_keyed_rm_dir(),
-    "small": small_model_dir,
-    "tiny-hd32": tiny_hd32_model_dir,
-    "tiny-sft-hd32": lambda kind: tiny_sft_hd32_policy_dir(),
+    "tiny": _builder("models:tiny_model_dir"),
+    "tiny-sft": _builder("warm_start:tiny_sft_policy_dir", of_kind=False),
+    "tiny-rm": _builder("warm_start:tiny_pretrained_rm_dir", of_kind=False),
+    "tiny-rm-noisy": _builder("warm_start:tiny_noisy_rm_dir", of_kind=False),
+    "tiny-rm-keyed": _builder("warm_start:tiny_keyed_rm_dir", of_kind=False),
+    "small": _builder("models:small_model_dir"),
+    "tiny-hd32": _builder("models:tiny_hd32_model_dir"),
+    "tiny-sft-hd32": _builder("warm_start:tiny_sft_hd32_policy_dir", of_kind=False),
 })

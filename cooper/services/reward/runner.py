@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from cooper.config import RewardConfig
 from cooper.services.reward.core import BatchScores, RewardCore
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
+from cooper.services.reward.model_process import spawn, take_early
 
 log = logging.getLogger("cooper.reward")
 
@@ -140,21 +141,11 @@ class ProcessRunner(Runner):
 
     @classmethod
     async def start(cls, config: RewardConfig, writes: bool = True) -> ProcessRunner:
-        """Start the child and wait until it has loaded the model; a load error is raised here. `writes`: the child
-        journals and checkpoints (RewardCore.durability)."""
-        context = multiprocessing.get_context("spawn")
-        parent_end, child_end = socket.socketpair()
-        process = context.Process(
-            target=_child_main, name="verify-rm",
-            args=(child_end, config, writes, os.getpid(), logging.getLogger().getEffectiveLevel()), daemon=True,
-        )
-        try:
-            process.start()
-        except BaseException:
-            parent_end.close()
-            raise
-        finally:
-            child_end.close()  # the child holds its own copy; ours would hide the child's exit from the reader
+        """Start the child (or take the one `cooper serve reward` started early, model_process.py) and wait until it
+        has loaded the model; a load error is raised here. `writes`: the child journals and checkpoints
+        (RewardCore.durability)."""
+        started = take_early(config, writes) or spawn(config, writes)
+        process, parent_end = started.process, started.link
         loop = asyncio.get_running_loop()
         try:
             _, link = await loop.create_unix_connection(_CallLink, sock=parent_end)

@@ -50,6 +50,10 @@ MODEL_VERSION = prometheus_client.Gauge("cooper_reward_model_version", "Current 
 UPDATES = prometheus_client.Counter("cooper_reward_updates_total", "Update requests", ["outcome"])
 
 
+def _import_tokenizer() -> None:
+    from transformers import AutoTokenizer  # noqa: F401  (Encoder.load's import, done ahead)
+
+
 class RewardService:
     """Build with `await RewardService.create(config)` (inside the event loop that will serve it)."""
 
@@ -70,8 +74,12 @@ class RewardService:
     @classmethod
     async def create(cls, config: RewardConfig) -> RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
+        # The tokenizer's import (transformers: 1-2 s of CPU on 2 cores) runs while the model process loads.
+        importing = asyncio.ensure_future(asyncio.to_thread(_import_tokenizer)) if config.model_process else None
         runner = await start_runner(config)
         try:
+            if importing is not None:
+                await importing
             info: ModelInfo = await runner.info()
             if isinstance(runner, ThreadRunner):
                 encoder = runner.core.rm.encoder
