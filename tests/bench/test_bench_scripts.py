@@ -4,8 +4,8 @@
 Each runs as a user runs it, `python bench/NAME.py ARGS`, on the tiny models; the figures are not checked (on
 these settings they mean nothing), only that the script gets to the end and reports the keys it documents.
 bench/chaos.py runs in tests/orchestrator/test_chaos.py, which checks what it reports. Left out: the peers of
-bench/reward_http.py (environments of their own: bench/peers/setup.sh) and the vLLM scripts where vLLM is not
-installed (the vllm marker skips them, saying so).
+bench/reward_http.py and bench/startup.py (environments of their own: bench/peers/setup.sh; startup.py runs here
+with --no-trl) and the vLLM scripts where vLLM is not installed (the vllm marker skips them, saying so).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ SCRIPTS = [
                  {"samples", "sample_accuracy", "runs"}, id="rm_pretraining"),
     pytest.param("under_load.py", ["--hogs", "1", "--repeat", "2", "--", sys.executable, "-c", "print('ran')"],
                  {"command", "hogs", "runs", "passed"}, id="under_load"),
+    pytest.param("startup.py", ["--rounds", "1", "--steps", "2", "--modes", "rule", "--eval", "off", "--no-trl"],
+                 {"first_step_s", "serving_s", "ratio_to_trl"}, id="startup"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
