@@ -45,6 +45,8 @@ SCRIPTS = [
                  {"command", "hogs", "runs", "passed"}, id="under_load"),
     pytest.param("startup.py", ["--rounds", "1", "--steps", "2", "--modes", "rule", "--eval", "off", "--no-trl"],
                  {"first_step_s", "serving_s", "ratio_to_trl"}, id="startup"),
+    pytest.param("rollouts_ahead.py", ["--rounds", "1", "--steps", "1", "--warmup", "1", "--modes", "rule"],
+                 {"bench", "what", "rule"}, id="rollouts_ahead"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
