@@ -1,5 +1,8 @@
 """The embedded default: an embedded Redis and the services a run needs, as local processes on free ports.
 
+They start at once (the generator once the verifier serves, since it needs the verifier's address), and the caller
+can go on with its own start-up while they load (`spawn`, then the `with` block waits until each serves).
+
 Services named by an address in the config (`<service>.server.address`) are used as they are and never started.
 A started service that dies is started again on its port (`run.service_restarts` times at most) by a watchdog
 thread; it resumes from its latest checkpoint (local runs checkpoint after every update) while the clients wait
