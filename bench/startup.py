@@ -170,7 +170,13 @@ def run_once(c: Contender, round_no: int, whole: bool, timeout_s: float) -> dict
             raise RuntimeError(f"{c.name} exited with {code}; its output: {out_path}")
     elif c.kind == "cooper":
         process.send_signal(signal.SIGINT)  # cooper train stops its services and Redis, then exits
-        process.wait(timeout=120)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # its time is taken; a stop that hangs is reported, not waited for
+            result["stop"] = "killed 120 s after Ctrl-C"
+            process.kill()  # its services and Redis get SIGTERM from the kernel (processes.die_with_parent)
+            process.wait()
+            time.sleep(15)
     else:
         process.kill()
         process.wait()
