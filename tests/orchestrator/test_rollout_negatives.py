@@ -10,11 +10,15 @@ class _Ctx:
     def __init__(self, config, results):
         self.config, self._results = config, results
 
-    def result(self, stage, step):
-        return self._results[stage]
+    def rollout(self, step):
+        return self._results[graph.ROLLOUT]
 
-    def client(self, name):  # the variant must never need the generator
-        raise AssertionError(f"called the {name} service")
+    def verification(self, step):
+        return self._results[graph.VERIFY]
+
+    @property
+    def generator(self):  # the variant must never need the generator
+        raise AssertionError("called the generator service")
 
 
 def _rollout():

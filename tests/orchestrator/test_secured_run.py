@@ -83,7 +83,7 @@ def test_train_with_a_token_and_a_redis_password(redis_with_password, tmp_path):
            "COOPER_REDIS__URL": f"redis://:{PASSWORD}@{redis_with_password}/0"}
     result = subprocess.run(
         [sys.executable, "-m", "cooper.cli", "train", "--no-progress", "run.steps=2", "run.name=secured",
-         "run.batch_size=4", "eval.every=0", f"run.output_dir={tmp_path}"],
+         "run.batch_size=4", "eval.every=0", "run.negatives=generator", f"run.output_dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=420, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "secured"
@@ -91,7 +91,8 @@ def test_train_with_a_token_and_a_redis_password(redis_with_password, tmp_path):
     assert [r["policy_version"] for r in records] == [1, 2]
     assert [r["reward_version_used"] for r in records] == [0, 1]  # cooper mode: VerifyRM updated by step 1
     # Every service the run started required the token, so every call of the orchestrator (and the generator's
-    # calls to the verifier) carried it.
+    # calls to the verifier) carried it. The generator writes the negatives only with run.negatives=generator (the
+    # tiny preset pairs the policy's own rejected rollouts), hence the override.
     for name in ("verifier", "policy", "reward", "generator"):
         log = (run_dir / "logs" / f"{name}.log").read_text()
         assert "token required" in log, name

@@ -175,6 +175,20 @@ def test_the_launcher_environment_names_the_place_of_each_rank() -> None:
         Placement.from_env({"RANK": "0", "WORLD_SIZE": "2"})
 
 
+def test_a_rank_stuck_joining_its_group_exits_for_its_launcher() -> None:
+    """`exit_if_stuck` (what bounds a follower's join: a stale store's addresses leave gloo's connect waiting on a
+    dead peer, in C++) ends the process with code 1 once the limit passes, and does nothing to a block that ends."""
+    script = ("import time, sys\nfrom cooper.services.policy.ranks import exit_if_stuck\n"
+              "with exit_if_stuck(0.5, 'a quick block'):\n    pass\ntime.sleep(1.0)\n"
+              "with exit_if_stuck(0.5, 'a stuck join'):\n    time.sleep(30)\nsys.exit(0)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert "a stuck join did not end within 0.5 s" in done.stderr and "a quick block" not in done.stderr
+    assert took < 25, f"the stuck block was left to run ({took:.0f} s)"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("per_node", [1, 2], ids=["fsdp-2-nodes", "hybrid-2x2"])

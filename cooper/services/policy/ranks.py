@@ -34,9 +34,11 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.connection import wait
@@ -65,6 +67,8 @@ log = logging.getLogger("cooper.policy")
 
 POLL_S = 0.02
 """The longest pause between two looks at the store while a rank waits for a key (the first ones come sooner)."""
+JOIN_MARGIN_S = 10.0
+"""A follower that has not joined its process group this long after the group's timeout exits (`follow`)."""
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,30 @@ def device_mesh(place: Placement, device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (place.world_size,))
 
 
+@contextmanager
+def exit_if_stuck(seconds: float | None, what: str) -> Iterator[None]:
+    """Exit the process (code 1, for its launcher to start it again) if the block has not ended after `seconds`:
+    for waits inside C++ that nothing in Python can interrupt. None: no limit."""
+    done = threading.Event()
+    if seconds is not None:
+        def watch() -> None:
+            if not done.wait(seconds):
+                log.error("%s did not end within %g s; exiting so that the launcher starts this rank again",
+                          what, seconds)
+                logging.shutdown()
+                os._exit(1)
+        threading.Thread(target=watch, name="exit-if-stuck", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def join_group(spec: RankSpec, place: Placement, control: Control, device: torch.device,
-               models: tuple[Any, Any | None]) -> tuple[RankTrainer, Any]:
+               models: tuple[Any, Any | None], join_limit_s: float | None = None) -> tuple[RankTrainer, Any]:
     """Join the process group (and the gloo group that carries commands' arguments), shard the models onto this
-    rank's device, load the optimizer shard. Returns the trainer and the argument group."""
+    rank's device, load the optimizer shard. Returns the trainer and the argument group. `join_limit_s`: exit the
+    process if joining takes longer (`exit_if_stuck`)."""
     cfg = spec.cfg
     if device.type == "cuda":  # per thread: rank 0 joins on its own rank thread
         torch.cuda.set_device(device)
@@ -147,9 +171,10 @@ def join_group(spec: RankSpec, place: Placement, control: Control, device: torch
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=cfg.distributed.timeout_s)
-    dist.init_process_group(backend, store=control.process_group_store(), rank=place.rank,
-                            world_size=place.world_size, timeout=timeout)
-    arguments = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    with exit_if_stuck(join_limit_s, f"policy rank {place.rank}: joining the process group"):
+        dist.init_process_group(backend, store=control.process_group_store(), rank=place.rank,
+                                world_size=place.world_size, timeout=timeout)
+        arguments = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     mesh = device_mesh(place, device)
     autocast = resolve_autocast(cfg.dtype, device)
     # On CUDA the forward runs in bf16 through FSDP's mixed precision (params cast once per all-gather) instead of
@@ -193,7 +218,11 @@ def follow(place: Placement) -> int:
         resolve_model(spec.cfg.model, "causal")  # a model built on the spot (tiny) is built on this node too
         models = load_models(spec, device)
         control.set(f"ack/loaded/{place.rank}", ("ok", None))
-        trainer, arguments = join_group(spec, place, control, device, models)
+        # A node started while node 0 was going away can meet node 0's old store, read the old group's addresses
+        # and wait in gloo's connect far longer than the group's timeout (95 s seen, on a 20 s timeout), while the
+        # new node 0 waits for it: it exits instead, and its launcher starts it on the new store.
+        trainer, arguments = join_group(spec, place, control, device, models,
+                                        join_limit_s=spec.cfg.distributed.timeout_s + JOIN_MARGIN_S)
         control.set(f"ack/ready/{place.rank}", ("ok", None))
         for seq in range(1, 2**62):
             control.wait_idle(f"cmd/{seq}")
