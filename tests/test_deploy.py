@@ -670,7 +670,7 @@ def test_readme_deploy_commands_match_the_files():
     for directory in re.findall(r"kubectl apply -k (\S+)", section):
         assert (ROOT / directory / "kustomization.yaml").is_file(), directory
     from cooper.config import RewardConfig
-    from cooper.services.reward.http import create_app
+    from cooper.services.reward.serving.http import create_app
 
     # The app's own routes (building the app starts nothing; some routes are registered in a loop, not decorated)
     routes = {route.path for route in create_app(RewardConfig()).routes}

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from cooper.config import BatchingConfig, HttpConfig, OptimConfig, RewardConfig, RewardServerConfig
-from cooper.services.reward.http import HttpServer, create_app, start_http
 from cooper.services.reward.service import RewardService
+from cooper.services.reward.serving.http import HttpServer, create_app, start_http
 from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
 from cooper.tiny.task import make_split, wrong_solution
 

@@ -268,7 +268,7 @@ class RecordingTransport:
 
 
 def test_a_response_head_and_body_go_out_in_one_write() -> None:
-    from cooper.services.reward.http import CoalescingTransport
+    from cooper.services.reward.serving.http import CoalescingTransport
 
     async def respond() -> RecordingTransport:
         inner = RecordingTransport()

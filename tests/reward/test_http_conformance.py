@@ -63,7 +63,7 @@ def test_every_operation_conforms_to_the_openapi_spec(reward_api: Served) -> Non
 
 
 def test_an_open_api_documents_no_auth(tmp_path: Path) -> None:
-    from cooper.services.reward.http import create_app
+    from cooper.services.reward.serving.http import create_app
 
     open_spec = create_app(make_config(tmp_path)).openapi()
     assert "securitySchemes" not in open_spec.get("components", {})

@@ -3,8 +3,9 @@
 Where things are, from the outside in:
 
 - `server.py`: gRPC (Score, Update, Info, Save) and `cooper serve reward`, which also starts the HTTP API.
-- `http.py` (FastAPI routes, uvicorn) over `handler.py` (the HTTP logic, no FastAPI) and `protocol.py` (its
-  request and response models).
+- `serving/`: the HTTP API that outside users call, apart from the training core: `serving/http.py` (FastAPI
+  routes, the scoring fast path, uvicorn) over `serving/handler.py` (the HTTP logic, no FastAPI) and
+  `serving/protocol.py` (its request and response models).
 - `errors.py`: every refusal and its gRPC status and HTTP status, one table for both transports.
 - `service.py`: RewardService, what both transports call: tokenizes, queues, keeps the version and the metrics.
 - `batcher.py`: the queue in front of the model; cuts batches, runs updates and saves between them.

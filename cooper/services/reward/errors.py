@@ -1,5 +1,5 @@
 """The reward service's refusals and what each transport answers: one table, read by gRPC (server.py) and HTTP
-(handler.py), so that the two cannot answer the same refusal differently.
+(serving/handler.py), so that the two cannot answer the same refusal differently.
 
 A refusal is an exception raised by the service's core (batcher.py, runner.py, replica.py) that says the request
 was not served and why; each row gives its gRPC status code, its HTTP status and the `type` of the HTTP error schema

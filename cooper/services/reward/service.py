@@ -1,11 +1,11 @@
 """The reward service, shared by gRPC and HTTP: tokenizing, the batcher in front of the model runner, metrics.
 
-No transport code here: `server.py` (gRPC) and `handler.py` (HTTP) translate their messages into these calls and
-these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in a
-child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so
-that the model's process only runs forward passes), queues and batches token ids, records metrics and remembers
-the latest ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower
-(replica.py) that swaps in the trainer's newer checkpoints.
+No transport code here: `server.py` (gRPC) and `serving/handler.py` (HTTP) translate their messages into these calls
+and these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in
+a child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so that
+the model's process only runs forward passes), queues and batches token ids, records metrics and remembers the latest
+ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower (replica.py) that
+swaps in the trainer's newer checkpoints.
 """
 
 from __future__ import annotations

@@ -28,9 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from cooper.config import RewardConfig
-from cooper.services.reward import protocol
-from cooper.services.reward.handler import ApiError, RewardHttpHandler
 from cooper.services.reward.service import RewardService
+from cooper.services.reward.serving import protocol
+from cooper.services.reward.serving.handler import ApiError, RewardHttpHandler
 
 log = logging.getLogger("cooper.reward")
 

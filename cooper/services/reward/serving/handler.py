@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import prometheus_client
 
 from cooper.config import HttpConfig
-from cooper.services.reward import protocol
 from cooper.services.reward.errors import REFUSED, refusal, retry_after_s
 from cooper.services.reward.items import ScoreItem, ScoreResult
 from cooper.services.reward.service import RewardService
+from cooper.services.reward.serving import protocol
 from cooper.services.reward.verify_rm import logit_to_reward, parse_input
 
 
