@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from cooper.metric_names import POLICY, REWARD_MEAN, STEP, TEST, TEST_INITIAL
+
 RUNS = {
     "transformers fp32": [],
     "vLLM fp32": ["policy.engine=vllm"],
@@ -66,19 +68,20 @@ def main() -> None:
     fig, (diff_ax, reward_ax, test_ax) = plt.subplots(1, 3, figsize=(16, 4.5))
     summary = {}
     for label, recs in records.items():
-        steps = [r["step"] for r in recs]
-        diffs = [r["policy/rollout/logprob_abs_diff"] for r in recs]
+        steps = [r[STEP] for r in recs]
+        diffs = [r[POLICY + "rollout/logprob_abs_diff"] for r in recs]
         line, = diff_ax.plot(steps, diffs, label=label, linewidth=1)
-        rewards = [r["reward_mean"] for r in recs]
+        rewards = [r[REWARD_MEAN] for r in recs]
         reward_ax.plot(steps, rewards, color=line.get_color(), alpha=0.15, linewidth=0.8)
         reward_ax.plot(steps, moving_average(rewards, 20), color=line.get_color(), label=label)
-        tests = [(-1, recs[0]["test_initial/heldout"])] + [(r["step"], r["test/heldout"]) for r in recs if "test/heldout" in r]
+        heldout = TEST + "heldout"
+        tests = [(-1, recs[0][TEST_INITIAL + "heldout"])] + [(r[STEP], r[heldout]) for r in recs if heldout in r]
         test_ax.plot([s + 1 for s, _ in tests], [t for _, t in tests], marker="o", color=line.get_color(), label=label)
         summary[label] = {
             "logprob_abs_diff_median": statistics.median(diffs),
-            "kl_median": statistics.median(r["policy/rollout/kl"] for r in recs),
-            "is_weight_mean": statistics.fmean(r["policy/rollout/is_weight_mean"] for r in recs)
-            if "policy/rollout/is_weight_mean" in recs[0] else None,
+            "kl_median": statistics.median(r[POLICY + "rollout/kl"] for r in recs),
+            "is_weight_mean": statistics.fmean(r[POLICY + "rollout/is_weight_mean"] for r in recs)
+            if POLICY + "rollout/is_weight_mean" in recs[0] else None,
             "test_start": tests[0][1], "test_end": tests[-1][1],
             "reward_first_20": statistics.fmean(rewards[:20]), "reward_last_20": statistics.fmean(rewards[-20:]),
             "seconds": seconds[label],

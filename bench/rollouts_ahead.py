@@ -75,6 +75,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
 def curves(args: argparse.Namespace) -> dict[str, Any]:
     """Per mode and seed: held-out accuracy at the start and the end, synchronous and one step ahead."""
     from cooper.config import load_config
+    from cooper.metric_names import TEST, TEST_INITIAL
     from cooper.orchestrator import launch
     from cooper.orchestrator.outputs import read_metrics
 
@@ -92,8 +93,8 @@ def curves(args: argparse.Namespace) -> dict[str, Any]:
                     with contextlib.redirect_stdout(sys.stderr):
                         records = read_metrics(launch.train(config, progress=False))
                     seconds = time.perf_counter() - started
-                heldout = [r["test/heldout"] for r in records if "test/heldout" in r]
-                row[str(behind)] = {"start": records[0]["test_initial/heldout"], "end": heldout[-1],
+                heldout = [r[TEST + "heldout"] for r in records if TEST + "heldout" in r]
+                row[str(behind)] = {"start": records[0][TEST_INITIAL + "heldout"], "end": heldout[-1],
                                     "curve": heldout, "command_s": round(seconds, 1)}
                 print(f"{mode} seed {seed} max_staleness={behind}: held-out {row[str(behind)]['start']:.3f} -> "
                       f"{heldout[-1]:.3f} in {seconds:.0f} s", file=sys.stderr, flush=True)

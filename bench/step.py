@@ -204,6 +204,7 @@ WHAT_IF = {"reward-threads": _reward_threads, "fsync": _fsync_everysec}
 
 def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str, ...] = ()
                  ) -> dict[str, Any]:
+    from cooper.metric_names import PAIRS, REWARD_MEAN, STEP, TIME, VERIFIER_ACCURACY
     from cooper.orchestrator import launch, stages
     from cooper.orchestrator import run as run_module
     from cooper.orchestrator.graph import Job, StepGraph
@@ -224,7 +225,7 @@ def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str,
 
     class TimedMetricsLog(MetricsLog):
         def write(self, record: dict[str, Any]) -> None:
-            logged[record["step"]] = time.perf_counter()  # the driver found step `step` complete
+            logged[record[STEP]] = time.perf_counter()  # the driver found step `step` complete
             super().write(record)
 
     started = time.perf_counter()
@@ -240,9 +241,9 @@ def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str,
     records = read_metrics(run_dir)
     steps = []
     for r in records[warmup:]:
-        times = {s: r[f"time/{s}"] for s in STAGES if f"time/{s}" in r}
-        if r["step"] - 1 in logged:
-            times["step"] = logged[r["step"]] - logged[r["step"] - 1]
+        times = {s: r[TIME + s] for s in STAGES if TIME + s in r}
+        if r[STEP] - 1 in logged:
+            times["step"] = logged[r[STEP]] - logged[r[STEP] - 1]
         steps.append(times)
     # Dispatch latency: from the moment a job's last input finished to the moment a worker started it (the Redis
     # queue: enqueue, XREADGROUP wake-up, status writes, reading the inputs is inside the stage function).
@@ -253,7 +254,7 @@ def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str,
         deps = [spans[d.id][1] for d in graph.dependencies(job) if d.id in spans]
         if job.step >= warmup and deps:
             steps[job.step - warmup][f"wait/{job.stage}"] = start - max(deps)
-    return {"steps": steps, "records": [{k: r.get(k) for k in ("verifier_accuracy", "reward_mean", "pairs")}
+    return {"steps": steps, "records": [{k: r.get(k) for k in (VERIFIER_ACCURACY, REWARD_MEAN, PAIRS)}
                                         for r in records],
             "total_s": total, "first_step_logged_s": logged.get(0, started) - started}
 

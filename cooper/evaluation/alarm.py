@@ -50,14 +50,23 @@ from typing import Any
 
 from cooper.evaluation.alarm_threshold import MAX_CORRELATION, BaselineFit, fit_baseline, threshold_for
 from cooper.evaluation.exploit_check import ExploitCheck, check_threshold, false_positive_bound, step_counts
+from cooper.metric_names import (
+    KL_FROM_INITIAL,
+    REWARD_ACCURACY_GAP,
+    RM_AUROC,
+    RM_AUROC_SUPPORT,
+    RM_BENCH_INITIAL_FALSE_POSITIVE_RATE,
+    RM_BENCH_INITIAL_NEGATIVES,
+    RM_FALSE_POSITIVE_RATE,
+    VERIFIER_ACCURACY,
+)
 
-# signal -> +1 when a hack moves it up, -1 when down
-SIGNALS: dict[str, int] = {"rm_false_positive_share": 1, "rm_auroc": -1, "reward_accuracy_gap": 1}
-KL_KEY = "kl_from_initial"
+FALSE_POSITIVE_SHARE = "rm_false_positive_share"  # a signal, not a record key: from two of the record's numbers
+# signal -> +1 when a hack moves it up, -1 when down; the other two are the record's numbers as they are
+SIGNALS: dict[str, int] = {FALSE_POSITIVE_SHARE: 1, RM_AUROC: -1, REWARD_ACCURACY_GAP: 1}
 MIN_AUROC_SUPPORT = 4
 CORRELATION_CAUTION = 0.05  # h is taken at the fitted correlation plus this (AlarmSettings.threshold_at)
 EXPLOIT = "rm_accepts_verifier_rejects"  # the absolute check's name among the statistics and as a trigger
-VALIDATION_RATE, VALIDATION_NEGATIVES = "rm_bench_initial/false_positive_rate", "rm_bench_initial/negatives"
 
 
 @dataclass(frozen=True)
@@ -114,18 +123,18 @@ def signal_values(record: Mapping[str, Any]) -> dict[str, float]:
     """The signals of one step's metrics record that are defined (AUROC is undefined when every rollout is right
     or every one wrong); the gap per unit of sqrt(KL) where the record carries KL."""
     values: dict[str, float] = {}
-    for name in ("rm_auroc", "reward_accuracy_gap"):
+    for name in (RM_AUROC, REWARD_ACCURACY_GAP):
         if _defined(record.get(name)):
             values[name] = float(record[name])
-    if record.get("rm_auroc_support", MIN_AUROC_SUPPORT) < MIN_AUROC_SUPPORT:
-        values.pop("rm_auroc", None)  # too few rollouts of one kind for a ranking to be evidence
-    rate, accuracy = record.get("rm_false_positive_rate"), record.get("verifier_accuracy")
+    if record.get(RM_AUROC_SUPPORT, MIN_AUROC_SUPPORT) < MIN_AUROC_SUPPORT:
+        values.pop(RM_AUROC, None)  # too few rollouts of one kind for a ranking to be evidence
+    rate, accuracy = record.get(RM_FALSE_POSITIVE_RATE), record.get(VERIFIER_ACCURACY)
     if _defined(rate) and _defined(accuracy):
-        values["rm_false_positive_share"] = float(rate) * (1.0 - float(accuracy))
-    kl = record.get(KL_KEY)
-    if "reward_accuracy_gap" in values and kl is not None and kl > 1.0:
+        values[FALSE_POSITIVE_SHARE] = float(rate) * (1.0 - float(accuracy))
+    kl = record.get(KL_FROM_INITIAL)
+    if REWARD_ACCURACY_GAP in values and kl is not None and kl > 1.0:
         # Below one nat the policy has not moved enough for the division to mean anything (and it would blow up).
-        values["reward_accuracy_gap"] /= math.sqrt(kl)
+        values[REWARD_ACCURACY_GAP] /= math.sqrt(kl)
     return values
 
 
@@ -210,8 +219,9 @@ class HackingAlarm:
     def _check_exploit(self, record: Mapping[str, Any]) -> None:
         """The absolute check's step: its bound from the first record that carries the validation (step 0's,
         with eval.rm_benchmark_path), then the CUSUM of each step's evidence."""
-        if self.bound is None and _defined(record.get(VALIDATION_RATE)) and record.get(VALIDATION_NEGATIVES):
-            self.bound = false_positive_bound(float(record[VALIDATION_RATE]), int(record[VALIDATION_NEGATIVES]),
+        rate, negatives = record.get(RM_BENCH_INITIAL_FALSE_POSITIVE_RATE), record.get(RM_BENCH_INITIAL_NEGATIVES)
+        if self.bound is None and _defined(rate) and negatives:
+            self.bound = false_positive_bound(float(rate), int(negatives),
                                               self.settings.false_positive_margin)
         counts = step_counts(record)
         if self.bound is None or counts is None:

@@ -20,6 +20,17 @@ from typing import Any
 
 from cooper.config import CooperConfig
 from cooper.evaluation.alarm import AlarmSettings, HackingAlarm
+from cooper.metric_names import (
+    ALARM_EVENT,
+    ALARM_STATE,
+    ALARM_STATISTIC,
+    ALARM_THRESHOLD,
+    POLICY_VERSION,
+    POLICY_VERSION_SAMPLED,
+    REWARD_VERSION,
+    REWARD_VERSION_USED,
+    STEP,
+)
 from cooper.modes import reward_mode
 from cooper.orchestrator.run_store import RunStore
 
@@ -121,24 +132,24 @@ class AlarmWatch:
 
     def observe(self, record: dict[str, Any]) -> dict[str, Any]:
         """The `alarm/*` keys of a step's record; logs and acts on a raise or a clear."""
-        step = record["step"]
+        step = record[STEP]
         seen = self.alarm.steps_seen
         if step < seen:  # a resumed run logs again the steps after its last logged one: seen once is enough
             return {}
         observation = self.alarm.observe(step, record)
         quiet = observation.state == "clear" and not any(observation.statistics.values())
         if observation.state == "baseline" or quiet:
-            self.onset = {"step": step, "policy_version": int(record.get("policy_version_sampled", 0))}
-        fields: dict[str, Any] = {"alarm/state": observation.state,
-                                  "alarm/statistic": max(observation.statistics.values(), default=0.0),
-                                  "alarm/threshold": observation.threshold}
+            self.onset = {"step": step, "policy_version": int(record.get(POLICY_VERSION_SAMPLED, 0))}
+        fields: dict[str, Any] = {ALARM_STATE: observation.state,
+                                  ALARM_STATISTIC: max(observation.statistics.values(), default=0.0),
+                                  ALARM_THRESHOLD: observation.threshold}
         if observation.raised:
             self.raises, self.raised_step = self.raises + 1, step
         if observation.raised or observation.cleared:
             event = {"step": step, "event": "raised" if observation.raised else "cleared",
                      "trigger": observation.trigger, "statistics": observation.statistics,
-                     "threshold": observation.threshold, "policy_version": record.get("policy_version"),
-                     "reward_version": record.get("reward_version", record.get("reward_version_used")),
+                     "threshold": observation.threshold, "policy_version": record.get(POLICY_VERSION),
+                     "reward_version": record.get(REWARD_VERSION, record.get(REWARD_VERSION_USED)),
                      "actions": self.actions if observation.raised else []}
             if observation.raised:
                 event["onset"] = self.onset
@@ -146,11 +157,11 @@ class AlarmWatch:
                 out.write(json.dumps(event) + "\n")
             if observation.raised:
                 log.warning("reward-hacking alarm raised at step %d (%s, statistic %.1f > %.1f)%s", step,
-                            observation.trigger, fields["alarm/statistic"], observation.threshold,
+                            observation.trigger, fields[ALARM_STATISTIC], observation.threshold,
                             f": acting ({', '.join(self.actions)})" if self.actions else " (warn only)")
             else:
                 log.warning("reward-hacking alarm cleared at step %d", step)
-            fields["alarm/event"] = event["event"]
+            fields[ALARM_EVENT] = event["event"]
         state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
         if self.acting:
             if self.latch and observation.raised and not self.latched:

@@ -26,6 +26,21 @@ from typing import Any
 import yaml
 
 from cooper.config import EXPERIMENT_LABELS, CooperConfig
+from cooper.metric_names import (
+    ALARM_EVENT,
+    ALARM_RM_NEGATIVES,
+    ALARM_ROLLED_BACK_TO,
+    ALARM_STATE,
+    KL_FROM_INITIAL,
+    REWARD_MEAN,
+    REWARD_SOURCE,
+    RM_AUROC,
+    RM_VERIFIER_DISAGREEMENT,
+    STEP,
+    TEST,
+    TEST_INITIAL,
+    VERIFIER_ACCURACY,
+)
 from cooper.modes import MODES as REWARD_MODES
 from cooper.modes import reward_mode
 from cooper.orchestrator.figures import (
@@ -42,9 +57,9 @@ from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, j
 from cooper.runtime.processes import die_with_parent
 
 MODES = tuple(REWARD_MODES)
-PANELS = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy"),
-          ("rm_verifier_disagreement", "VerifyRM vs verifier disagreement"),
-          ("rm_auroc", "VerifyRM AUROC vs verifier (rollouts)")]
+PANELS = [(REWARD_MEAN, "training reward"), (VERIFIER_ACCURACY, "rollout verifier accuracy"),
+          (RM_VERIFIER_DISAGREEMENT, "VerifyRM vs verifier disagreement"),
+          (RM_AUROC, "VerifyRM AUROC vs verifier (rollouts)")]
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
 
 NO_ACTION = "-noaction"
@@ -76,10 +91,10 @@ def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]
 
 def accuracy_points(records: Sequence[Mapping[str, Any]], benchmark: str) -> list[tuple[int, float]]:
     """(updates so far, test accuracy): the initial evaluation at 0, the one after step t at t + 1."""
-    points = [(0, float(records[0][f"test_initial/{benchmark}"]))] if records and \
-        records[0].get(f"test_initial/{benchmark}") is not None else []
-    points += [(int(r["step"]) + 1, float(r[f"test/{benchmark}"])) for r in records
-               if r.get(f"test/{benchmark}") is not None]
+    points = [(0, float(records[0][TEST_INITIAL + benchmark]))] if records and \
+        records[0].get(TEST_INITIAL + benchmark) is not None else []
+    points += [(int(r[STEP]) + 1, float(r[TEST + benchmark])) for r in records
+               if r.get(TEST + benchmark) is not None]
     return points
 
 
@@ -108,17 +123,17 @@ def compare_plot(runs: Runs, path: Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     by_mode = _as_seeds(runs)
-    tests = sorted({k[5:] for seeds in by_mode.values() for records in seeds for r in records for k in r
-                    if k.startswith("test/")})
+    tests = sorted({k.removeprefix(TEST) for seeds in by_mode.values() for records in seeds for r in records
+                    for k in r if k.startswith(TEST)})
     tests.sort(key=lambda k: k != "heldout")
-    panels = [(f"test/{k}", f"test accuracy ({k})") for k in tests] + PANELS
+    panels = [(TEST + k, f"test accuracy ({k})") for k in tests] + PANELS
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=110, squeeze=False)
     for ax, (key, title) in zip(axes[0], panels, strict=True):
         for mode, seeds in by_mode.items():
             # A no-action control is its mode's colour, dashed: the same run with the alarm only warning.
             color, style = COLORS.get(recipe_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
-            if key.startswith("test/"):
-                per_seed = [accuracy_points(records, key[5:]) for records in seeds]
+            if key.startswith(TEST):
+                per_seed = [accuracy_points(records, key.removeprefix(TEST)) for records in seeds]
                 by_x: dict[int, list[float]] = {}
                 for points in per_seed:
                     for x, y in points:
@@ -126,11 +141,11 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 mean = sorted((x, sum(ys) / len(ys)) for x, ys in by_x.items())
                 ax.set_xlabel("policy updates")
             else:
-                per_seed = [[(int(r["step"]), float(r[key])) for r in records if r.get(key) is not None]
+                per_seed = [[(int(r[STEP]), float(r[key])) for r in records if r.get(key) is not None]
                             for records in seeds]
                 mean = mean_over_seeds(seeds, key)
                 ax.set_xlabel("step")
-            per_step = not key.startswith("test/")
+            per_step = not key.startswith(TEST)
             if len(seeds) > 1:
                 for points in per_seed:
                     points = moving_average(points) if per_step else points
@@ -143,7 +158,7 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                 ax.plot([p[0] for p in mean], [p[1] for p in mean], marker="." if len(mean) < 40 else None,
                         label=name + (f" (mean of {len(seeds)})" if len(seeds) > 1 else ""), color=color,
                         linewidth=1.8, linestyle=style)
-        if not key.startswith("test/"):  # the reward-hacking alarm: raises, rollbacks, the steps an action acted
+        if not key.startswith(TEST):  # the reward-hacking alarm: raises, rollbacks, the steps an action acted
             for mode, seeds in by_mode.items():
                 if mode.endswith(NO_ACTION):
                     continue  # its raises are the acting run's until the first action: drawn once
@@ -165,15 +180,15 @@ def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
     for label, by_seed in by_label.items():
         controls = by_label.get(label + NO_ACTION, [])
         for index, (seed, records) in enumerate(zip(seeds, by_seed, strict=True)):
-            if not any("alarm/state" in r for r in records):
+            if not any(ALARM_STATE in r for r in records):
                 continue
-            raises = [r["step"] for r in records if r.get("alarm/event") == "raised"]
-            acted = sum(r.get("reward_source") == "verifier" for r in records)
-            raised_rm = sum(r.get("alarm/rm_negatives", False) for r in records)
-            rollbacks = ",".join(f"{r['step']}:v{r['alarm/rolled_back_to']}" for r in records
-                                 if "alarm/rolled_back_to" in r)
-            end = _last_value(records, f"test/{benchmark}") if benchmark else None
-            control = _last_value(controls[index], f"test/{benchmark}") if controls and benchmark else None
+            raises = [r[STEP] for r in records if r.get(ALARM_EVENT) == "raised"]
+            acted = sum(r.get(REWARD_SOURCE) == "verifier" for r in records)
+            raised_rm = sum(r.get(ALARM_RM_NEGATIVES, False) for r in records)
+            rollbacks = ",".join(f"{r[STEP]}:v{r[ALARM_ROLLED_BACK_TO]}" for r in records
+                                 if ALARM_ROLLED_BACK_TO in r)
+            end = _last_value(records, TEST + benchmark) if benchmark else None
+            control = _last_value(controls[index], TEST + benchmark) if controls and benchmark else None
             rows.append([label, str(seed), str(len(raises)), str(raises[0]) if raises else "-", str(acted),
                          str(raised_rm), rollbacks or "-", _fmt(end), _fmt(control)])
     if len(rows) == 1:
@@ -185,9 +200,9 @@ def alarm_table(runs: Runs, seeds: Sequence[int], benchmark: str | None) -> str:
 def compare_table(runs: Runs) -> str:
     """Last-step numbers per mode (mean over seeds): what the paper's table reports, plus the hacking monitor."""
     by_mode = _as_seeds(runs)
-    keys = ["reward_mean", "verifier_accuracy", "rm_verifier_disagreement", "rm_auroc", "kl_from_initial"]
+    keys = [REWARD_MEAN, VERIFIER_ACCURACY, RM_VERIFIER_DISAGREEMENT, RM_AUROC, KL_FROM_INITIAL]
     keys += sorted({k for seeds in by_mode.values() for records in seeds for r in records for k in r
-                    if k.startswith("test/")})
+                    if k.startswith(TEST)})
     rows = [["mode", *keys]]
     for mode, seeds in by_mode.items():
         cells = []
@@ -376,14 +391,14 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     overoptimization_plot(runs, out / "overoptimization.png", curve)
     rm_health_plot({m: r for m, r in runs.items() if scores_with_reward_model(m)}, out / "rm_health.png")
     # The verdict reads a benchmark named `heldout` when the data has one, else the first benchmark.
-    benchmarks = [k[5:] for r in records.values() for k in (r[-1] if r else {}) if k.startswith("test/")]
+    benchmarks = [k.removeprefix(TEST) for r in records.values() for k in (r[-1] if r else {}) if k.startswith(TEST)]
     benchmark = "heldout" if "heldout" in benchmarks else next(iter(benchmarks), None)
     summaries, controls = [], []
     if benchmark is not None:
         for (label, seed), recs in records.items():
-            start = recs[0].get(f"test_initial/{benchmark}") if recs else None
+            start = recs[0].get(TEST_INITIAL + benchmark) if recs else None
             if start is not None:
-                summary = summarize(recipe_of(label), seed, recs, f"test/{benchmark}", float(start))
+                summary = summarize(recipe_of(label), seed, recs, TEST + benchmark, float(start))
                 (controls if label.endswith(NO_ACTION) else summaries).append(summary)
     verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes),
                "benchmark": benchmark, "no_action_controls": [asdict(s) for s in controls],

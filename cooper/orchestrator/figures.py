@@ -12,12 +12,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cooper.metric_names import (
+    ALARM_EVENT,
+    ALARM_RM_NEGATIVES,
+    ALARM_ROLLED_BACK_TO,
+    KL_FROM_INITIAL,
+    MODE,
+    PAIR_ACCURACY_AFTER,
+    PAIR_ACCURACY_BEFORE,
+    REWARD_MEAN,
+    REWARD_SOURCE,
+    RM_AUROC,
+    RM_FALSE_POSITIVE_RATE,
+    STEP,
+    VERIFIER_ACCURACY,
+)
 from cooper.orchestrator.best_of_n import BestOfN
-from cooper.orchestrator.reproduction import AUROC_KEY
 
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
 COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-paper": "tab:olive"}
-KL_KEY = "kl_from_initial"
 
 
 def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], key: str) -> list[tuple[int, float]]:
@@ -27,7 +40,7 @@ def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], key: str) -> l
         for r in records:
             value = r.get(key)
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                by_step.setdefault(int(r["step"]), []).append(float(value))
+                by_step.setdefault(int(r[STEP]), []).append(float(value))
     return sorted((step, statistics.fmean(values)) for step, values in by_step.items())
 
 
@@ -55,11 +68,11 @@ def action_spans(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     (rule mode, whose reward is always the verifier's, has none)."""
     spans: list[tuple[int, int]] = []
     for r in records:
-        acting = (r.get("mode") != "rule" and r.get("reward_source") in ("verifier", "rollback")) or bool(
-            r.get("alarm/rm_negatives"))
+        acting = (r.get(MODE) != "rule" and r.get(REWARD_SOURCE) in ("verifier", "rollback")) or bool(
+            r.get(ALARM_RM_NEGATIVES))
         if not acting:
             continue
-        step = int(r["step"])
+        step = int(r[STEP])
         if spans and spans[-1][1] == step - 1:
             spans[-1] = (spans[-1][0], step)
         else:
@@ -71,10 +84,10 @@ def mark_alarm(ax, records: Sequence[Mapping[str, Any]], color: str | None) -> N
     """On a per-step panel: a dotted line at each raise of the reward-hacking alarm, a dash-dot line at each
     rollback, and a faint band over the steps an action was in force."""
     for r in records:
-        if r.get("alarm/event") == "raised":
-            ax.axvline(r["step"], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
-        if "alarm/rolled_back_to" in r:
-            ax.axvline(r["step"], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
+        if r.get(ALARM_EVENT) == "raised":
+            ax.axvline(r[STEP], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
+        if ALARM_ROLLED_BACK_TO in r:
+            ax.axvline(r[STEP], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
     for first, last in action_spans(records):
         ax.axvspan(first - 0.5, last + 0.5, color=color, alpha=0.05, linewidth=0)
 
@@ -109,9 +122,9 @@ def overoptimization_plot(runs: Runs, path: Path, best_of_n: Sequence[BestOfN] =
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for mode, seeds in runs.items():
-        kl = dict(mean_over_seeds(seeds, KL_KEY))
-        gold = dict(mean_over_seeds(seeds, "verifier_accuracy"))
-        proxy = dict(mean_over_seeds(seeds, "reward_mean"))
+        kl = dict(mean_over_seeds(seeds, KL_FROM_INITIAL))
+        gold = dict(mean_over_seeds(seeds, VERIFIER_ACCURACY))
+        proxy = dict(mean_over_seeds(seeds, REWARD_MEAN))
         steps = [s for s in sorted(kl) if s in gold]
         if not steps:
             continue
@@ -142,8 +155,8 @@ def overoptimization_plot(runs: Runs, path: Path, best_of_n: Sequence[BestOfN] =
 
 
 HEALTH_PANELS = [
-    (AUROC_KEY, "AUROC of VerifyRM vs verifier (policy samples)"),
-    ("rm_false_positive_rate", "false-positive rate on verifier-wrong samples"),
+    (RM_AUROC, "AUROC of VerifyRM vs verifier (policy samples)"),
+    (RM_FALSE_POSITIVE_RATE, "false-positive rate on verifier-wrong samples"),
     ("pair_accuracy", "pair accuracy before (dotted) / after the update"),
 ]
 
@@ -155,7 +168,7 @@ def rm_health_plot(runs: Runs, path: Path, window: int = 5) -> Path:
     for ax, (key, title) in zip(axes, HEALTH_PANELS, strict=True):
         for mode, seeds in runs.items():
             if key == "pair_accuracy":
-                series = [("pair_accuracy_before", ":"), ("pair_accuracy_after", "-")]
+                series = [(PAIR_ACCURACY_BEFORE, ":"), (PAIR_ACCURACY_AFTER, "-")]
             else:
                 series = [(key, "-")]
             for name, style in series:

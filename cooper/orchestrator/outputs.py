@@ -12,9 +12,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cooper.metric_names import (
+    PAIR_ACCURACY_AFTER,
+    PAIRS,
+    POLICY_VERSION,
+    REWARD_ACCURACY_GAP,
+    REWARD_MEAN,
+    REWARD_VERSION_USED,
+    RM_BENCH_ACCURACY,
+    RM_VERIFIER_DISAGREEMENT,
+    STEP,
+    TEST,
+    VERIFIER_ACCURACY,
+)
 from cooper.runtime.files import write_atomically
 
-PLOTTED = [("reward_mean", "training reward"), ("verifier_accuracy", "rollout verifier accuracy")]
+PLOTTED = [(REWARD_MEAN, "training reward"), (VERIFIER_ACCURACY, "rollout verifier accuracy")]
 
 
 class MetricsLog:
@@ -49,9 +62,9 @@ class MetricsLog:
             f.write(json.dumps(record) + "\n")
         if self._events is not None:
             for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step":
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != STEP:
                     summary = self._summary(value=[self._summary.Value(tag=key, simple_value=float(value))])
-                    event = self._event(summary=summary, wall_time=time.time(), step=record["step"])
+                    event = self._event(summary=summary, wall_time=time.time(), step=record[STEP])
                     self._events.write(_tfrecord(event.SerializeToString()))
             self._events.flush()
 
@@ -106,7 +119,7 @@ def trim_metrics(run_dir: Path, logged_through: int) -> list[int]:
         if not line.strip():
             continue
         try:
-            step = json.loads(line)["step"]
+            step = json.loads(line)[STEP]
         except (ValueError, KeyError):  # killed in the middle of writing it
             dropped.append(-1)
             continue
@@ -128,7 +141,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     for line in path.read_text().splitlines():
         if line.strip():
             record = json.loads(line)
-            by_step[record["step"]] = record
+            by_step[record[STEP]] = record
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -140,14 +153,14 @@ def plot(records: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    steps = [r["step"] for r in records]
+    steps = [r[STEP] for r in records]
     for key, label in PLOTTED:
         ax.plot(steps, [r.get(key, math.nan) for r in records], marker=".", label=label)
-    test_keys = sorted({k for r in records for k in r if k.startswith("test/")})
+    test_keys = sorted({k for r in records for k in r if k.startswith(TEST)})
     for key in test_keys:
-        points = [(r["step"], r[key]) for r in records if key in r]
+        points = [(r[STEP], r[key]) for r in records if key in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle="--",
-                label=f"test accuracy ({key[5:]})")
+                label=f"test accuracy ({key.removeprefix(TEST)})")
     from matplotlib.ticker import MaxNLocator
 
     from cooper.orchestrator.figures import mark_alarm
@@ -169,14 +182,15 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     """A small fixed-width table of the first, middle and last steps."""
     if not records:
         return "no steps recorded"
-    columns = [("step", "step"), ("reward", "reward_mean"), ("verifier acc", "verifier_accuracy"),
-               ("gap", "reward_accuracy_gap"),
-               ("RM-verifier disagree", "rm_verifier_disagreement"), ("pairs", "pairs"),
-               ("pair acc after", "pair_accuracy_after"), ("RM v", "reward_version_used"),
-               ("policy v", "policy_version")]
-    columns += [(k[5:] + " test acc", k) for k in sorted({k for r in records for k in r if k.startswith("test/")})]
-    if any("rm_bench/accuracy" in r for r in records):
-        columns.append(("RM bench acc", "rm_bench/accuracy"))
+    columns = [("step", STEP), ("reward", REWARD_MEAN), ("verifier acc", VERIFIER_ACCURACY),
+               ("gap", REWARD_ACCURACY_GAP),
+               ("RM-verifier disagree", RM_VERIFIER_DISAGREEMENT), ("pairs", PAIRS),
+               ("pair acc after", PAIR_ACCURACY_AFTER), ("RM v", REWARD_VERSION_USED),
+               ("policy v", POLICY_VERSION)]
+    columns += [(k.removeprefix(TEST) + " test acc", k)
+                for k in sorted({k for r in records for k in r if k.startswith(TEST)})]
+    if any(RM_BENCH_ACCURACY in r for r in records):
+        columns.append(("RM bench acc", RM_BENCH_ACCURACY))
     picks = sorted({0, len(records) // 2, len(records) - 1})
     rows = [[name for name, _ in columns]]
     for i in picks:

@@ -27,6 +27,7 @@ from typing import Any
 
 from cooper.config import EXPERIMENT_LABELS
 from cooper.evaluation.monitor import mean_or_none
+from cooper.metric_names import ALARM_EVENT, KL_FROM_INITIAL, REWARD_ACCURACY_GAP, REWARD_MEAN, RM_AUROC, STEP
 
 RULE_GAIN = 0.15
 STATIC_GAP_WIDENS = 0.25
@@ -34,9 +35,6 @@ STATIC_TEST_DROP = 0.10
 COOPER_SLACK = 0.05
 COOPER_AUROC = 0.8
 WINDOW = 10
-AUROC_KEY = "rm_auroc"
-GAP_KEY = "reward_accuracy_gap"
-"""The proxy-gold gap of a step in metrics.jsonl (orchestrator/run.py): its mean reward minus its verifier accuracy."""
 # Two-sided 95% quantiles of Student's t by degrees of freedom (no scipy here); beyond the table, the normal's.
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         15: 2.131, 20: 2.086, 30: 2.042}
@@ -66,23 +64,23 @@ def _series(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
 
 
 def summarize(mode: str, seed: int, records: Sequence[Mapping[str, Any]], test_key: str, test_start: float,
-              kl_key: str = "kl_from_initial") -> RunSummary:
+              kl_key: str = KL_FROM_INITIAL) -> RunSummary:
     """The numbers the criteria read, from one run's records and its initial policy's test accuracy."""
     if not records:
         raise ValueError(f"{mode} seed {seed}: the run logged no steps")
     tests = _series(records, test_key)
     if not tests:
         raise ValueError(f"{mode} seed {seed}: no {test_key} in the run's metrics (is eval.every 0?)")
-    reward_start, reward_end = _start_and_end(_series(records, "reward_mean"))
-    second_half = [r for r in records if r["step"] >= len(records) // 2]
-    aurocs = _series(second_half, AUROC_KEY)
+    reward_start, reward_end = _start_and_end(_series(records, REWARD_MEAN))
+    second_half = [r for r in records if r[STEP] >= len(records) // 2]
+    aurocs = _series(second_half, RM_AUROC)
     kls = _series(records, kl_key)
-    gap = _series(records, GAP_KEY)
+    gap = _series(records, REWARD_ACCURACY_GAP)
     gap_start, gap_end = _start_and_end(gap) if gap else (None, None)
     return RunSummary(mode, seed, test_start, tests[-1], reward_start, reward_end, mean_or_none(aurocs),
                       min(aurocs) if aurocs else None, kls[-1] if kls else None, gap_start, gap_end,
                       tuple(round(g, 4) for g in gap),
-                      tuple(int(r["step"]) for r in records if r.get("alarm/event") == "raised"))
+                      tuple(int(r[STEP]) for r in records if r.get(ALARM_EVENT) == "raised"))
 
 
 def _start_and_end(series: Sequence[float]) -> tuple[float, float]:

@@ -22,6 +22,35 @@ from tqdm import tqdm
 from cooper.config import CooperConfig
 from cooper.evaluation.monitor import auroc, false_positive_rate
 from cooper.evaluation.rm_bench import BenchItem, load_bench
+from cooper.metric_names import (
+    ALARM_RM_NEGATIVES,
+    ALARM_ROLLED_BACK_TO,
+    KL_FROM_INITIAL,
+    MODE,
+    PAIR_ACCURACY_AFTER,
+    PAIR_ACCURACY_BEFORE,
+    PAIRS,
+    POLICY,
+    POLICY_VERSION,
+    POLICY_VERSION_SAMPLED,
+    REWARD_ACCURACY_GAP,
+    REWARD_MEAN,
+    REWARD_SOURCE,
+    REWARD_VERSION,
+    REWARD_VERSION_USED,
+    RM_AUROC,
+    RM_AUROC_SUPPORT,
+    RM_BENCH,
+    RM_BENCH_INITIAL,
+    RM_FALSE_POSITIVE_RATE,
+    RM_VERIFIER_DISAGREEMENT,
+    ROLLOUTS,
+    STEP,
+    TEST,
+    TEST_INITIAL,
+    TIME,
+    VERIFIER_ACCURACY,
+)
 from cooper.modes import reward_mode
 from cooper.orchestrator import graph as g
 from cooper.orchestrator.alarm_watch import AlarmWatch
@@ -66,15 +95,15 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
     correct = [v == "CORRECT" for v in ve["verdicts"]]
     rewards = sc["rewards"]
     record: dict[str, Any] = {
-        "step": step,
-        "mode": graph.mode,
-        "reward_mean": _mean(rewards),
-        "verifier_accuracy": _mean([float(c) for c in correct]),
+        STEP: step,
+        MODE: graph.mode,
+        REWARD_MEAN: _mean(rewards),
+        VERIFIER_ACCURACY: _mean([float(c) for c in correct]),
         "no_answer_rate": _mean([float(v == "NO_ANSWER") for v in ve["verdicts"]]),
-        "reward_version_used": sc["reward_version"],
-        "policy_version": pu["policy_version"],
-        "reward_source": pu.get("reward_source", graph.reward.reward_source),
-        "policy_version_sampled": ro["policy_version"],
+        REWARD_VERSION_USED: sc["reward_version"],
+        POLICY_VERSION: pu["policy_version"],
+        REWARD_SOURCE: pu.get("reward_source", graph.reward.reward_source),
+        POLICY_VERSION_SAMPLED: ro["policy_version"],
         # Versions between the one that sampled the rollout and the one its update started from (run.max_staleness).
         "policy_staleness": pu["policy_version"] - 1 - ro["policy_version"],
         "prompt_ids": [p["example"] for p in ro["prompts"]],
@@ -83,52 +112,52 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
     }
     if graph.reward.reward_model_scores:
         # How often VerifyRM (reward > 0.5) and the verifier disagree: the first sign of reward hacking.
-        record["rm_verifier_disagreement"] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
-        record["reward_accuracy_gap"] = record["reward_mean"] - record["verifier_accuracy"]
+        record[RM_VERIFIER_DISAGREEMENT] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
+        record[REWARD_ACCURACY_GAP] = record[REWARD_MEAN] - record[VERIFIER_ACCURACY]
         # Threshold-free: does VerifyRM still rank the verifier's correct rollouts above its wrong ones? And how
         # many wrong ones does it accept (sigmoid(logit) > 0.5)? On the logits, which the discrete variant keeps.
         logits = sc.get("logits") or [r - 0.5 for r in rewards]
-        record["rm_auroc"] = auroc(logits, correct)
-        record["rm_auroc_support"] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
-        record["rm_false_positive_rate"] = false_positive_rate(logits, correct, threshold=0.0)
-        record["rollouts"] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
+        record[RM_AUROC] = auroc(logits, correct)
+        record[RM_AUROC_SUPPORT] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
+        record[RM_FALSE_POSITIVE_RATE] = false_positive_rate(logits, correct, threshold=0.0)
+        record[ROLLOUTS] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
     if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
-        record["alarm/rolled_back_to"] = pu["rolled_back_to"]
+        record[ALARM_ROLLED_BACK_TO] = pu["rolled_back_to"]
     for key, value in pu["metrics"].items():
-        record[f"policy/{key}"] = value
+        record[POLICY + key] = value
     if "kl_seq" in pu["metrics"]:  # the policy reports kl_seq only when it measured KL against its initial weights
         # KL(pi || pi_initial) per completion, the x axis of the over-optimisation plot (Gao et al. 2022): the
         # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
-        record["kl_from_initial"] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
+        record[KL_FROM_INITIAL] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
     if graph.reward.reward_model_learns:
         ng: NegativesResult = results[g.NEGATIVES]
         ru: RewardUpdateResult = results[g.REWARD_UPDATE]
         record.update({
-            "pairs": ru["pairs"],
+            PAIRS: ru["pairs"],
             "valid_pair_rate": (ru["pairs"] - ru.get("flagged_pairs", 0)) / max(1, ng["prompts"]),
             "positive_rate": ng["positives"] / max(1, ng["prompts"]),
-            "pair_accuracy_before": ru["pair_accuracy_before"] if ru["pairs"] else None,
-            "pair_accuracy_after": ru["pair_accuracy_after"] if ru["pairs"] else None,
+            PAIR_ACCURACY_BEFORE: ru["pair_accuracy_before"] if ru["pairs"] else None,
+            PAIR_ACCURACY_AFTER: ru["pair_accuracy_after"] if ru["pairs"] else None,
             "rm_loss": ru["loss"] if ru["pairs"] else None, "rm_grad_norm": ru["grad_norm"] if ru["pairs"] else None,
-            "reward_version": ru["reward_version"],
+            REWARD_VERSION: ru["reward_version"],
             "rm_flagged_pairs": ru.get("flagged_pairs", 0), "rm_optimizer_steps": ru.get("optimizer_steps"),
-            "alarm/rm_negatives": ru.get("alarm_acted", False),
+            ALARM_RM_NEGATIVES: ru.get("alarm_acted", False),
         })
     if graph.evaluates_after(step):
         evaluation: EvaluationResult = results[g.EVALUATE]
         for name, accuracy in evaluation["accuracy"].items():
-            record[f"test/{name}"] = accuracy
+            record[TEST + name] = accuracy
         for key, value in evaluation.get("rm_bench", {}).items():
-            record[f"rm_bench/{key}"] = value
+            record[RM_BENCH + key] = value
     if step == 0 and graph.evaluates_after(-1):  # the initial policy's evaluation, before any update
         initial = ctx.evaluation(-1)
         for name, accuracy in initial["accuracy"].items():
-            record[f"test_initial/{name}"] = accuracy
+            record[TEST_INITIAL + name] = accuracy
         for key, value in initial.get("rm_bench", {}).items():
-            record[f"rm_bench_initial/{key}"] = value
-        record["time/evaluate_initial"] = initial["seconds"]
+            record[RM_BENCH_INITIAL + key] = value
+        record[TIME + "evaluate_initial"] = initial["seconds"]
     for stage, result in results.items():
-        record[f"time/{stage}"] = result["seconds"]
+        record[TIME + stage] = result["seconds"]
     return record
 
 
@@ -230,8 +259,8 @@ class Orchestrator:
                     record.update(watch.observe(record))
                 metrics.write(record)
                 records.append(record)
-                self.store.set_state(logged_through=next_step, policy_version=record["policy_version"],
-                                     reward_version=record.get("reward_version", record["reward_version_used"]),
+                self.store.set_state(logged_through=next_step, policy_version=record[POLICY_VERSION],
+                                     reward_version=record.get(REWARD_VERSION, record[REWARD_VERSION_USED]),
                                      data_epoch=record["data_epoch"], data_offset=record["data_offset"])
                 if (every and (next_step + 1) % every == 0) or next_step == steps - 1:
                     try:
@@ -240,8 +269,8 @@ class Orchestrator:
                         raise self._failed(f"checkpoint after step {next_step}: {type(err).__name__}: {err}",
                                            next_step + 1) from None
                 self.store.delete_results([job.id for job in self.graph.logged_jobs(next_step)])
-                last_test.update({k[5:]: v for k, v in record.items() if k.startswith("test/")})
-                bar.set_postfix(reward=f"{record['reward_mean']:.2f}", verifier=f"{record['verifier_accuracy']:.2f}",
+                last_test.update({k.removeprefix(TEST): v for k, v in record.items() if k.startswith(TEST)})
+                bar.set_postfix(reward=f"{record[REWARD_MEAN]:.2f}", verifier=f"{record[VERIFIER_ACCURACY]:.2f}",
                                 **{f"test_{k}": f"{v:.2f}" for k, v in last_test.items()})
                 bar.update(1)
                 next_step += 1
