@@ -42,6 +42,7 @@ from cooper.orchestrator.stage_results import (
     VerificationResult,
 )
 from cooper.runtime.client import ServiceClient
+from cooper.runtime.ledger import idempotency_key
 from cooper.services.generator.client import GeneratorClient
 from cooper.services.generator.messages import NegativeItem
 from cooper.services.policy.client import PolicyClient
@@ -307,7 +308,7 @@ def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: Any, sampled: 
     if request is None:
         return None
     key_run = f"{ctx.run_id}/rollback"
-    retried = info.last_key == f"{key_run}/{request.raise_number}" and info.version == sampled + 1  # this job's again
+    retried = info.last_key == idempotency_key(key_run, request.raise_number) and info.version == sampled + 1  # this job's again
     if not retried and (request.raise_number <= orders.rollback_done or info.version != sampled):
         return None
     reply = ctx.policy.restore(key_run, request.raise_number, request.at_most_version)
@@ -328,7 +329,7 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     info = policy.info()
     if rolled_back := rollback_policy(ctx, orders, info, sampled, job):
         return rolled_back
-    expect_before_update("policy", info, start, f"{ctx.run_id}/{step}", job)
+    expect_before_update("policy", info, start, idempotency_key(ctx.run_id, step), job)
     rewards, source = sc["rewards"], ctx.mode.reward_source
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
@@ -396,7 +397,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
                                                     sc) if (p.positive, p.negative) not in known]
         pairs, flagged = pairs + extra, len(extra)
         optimizer_steps = ctx.config.reward.update_steps * ctx.config.alarm.rm_update_factor
-    expect_before_update("reward", reward.info(), used, f"{ctx.run_id}/{step}", job)
+    expect_before_update("reward", reward.info(), used, idempotency_key(ctx.run_id, step), job)
     r = reward.update(ctx.run_id, step, pairs, optimizer_steps)
     expect_version("reward", r.version, used + (0 if r.skipped else 1), job)  # v_t -> v_{t+1}: the model that scored
     return {"loss": r.loss, "grad_norm": r.grad_norm, "pair_accuracy_before": r.pair_accuracy_before,

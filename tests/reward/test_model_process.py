@@ -13,9 +13,10 @@ import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.config import BatchingConfig
+from cooper.runtime.ledger import idempotency_key
 from cooper.services.reward.core import RewardCore
 from cooper.services.reward.runner import CopiesRunner, ModelUnavailable, ProcessRunner
-from cooper.services.reward.service import RewardService, idempotency_key
+from cooper.services.reward.service import RewardService
 
 
 def test_process_scores_equal_the_in_process_core_and_order_holds(tmp_path: Path) -> None:

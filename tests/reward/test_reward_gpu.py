@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
+from cooper.runtime.ledger import idempotency_key
 from cooper.services.reward.core import RewardCore
-from cooper.services.reward.service import RewardService, idempotency_key
+from cooper.services.reward.service import RewardService
 
 
 @pytest.mark.gpu

@@ -12,8 +12,9 @@ from reward_testkit import make_config, tiny_items, tiny_pairs
 from cooper.config import BatchingConfig
 from cooper.runtime import checkpoint
 from cooper.runtime.checkpoint import REWARD
+from cooper.runtime.ledger import idempotency_key
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
-from cooper.services.reward.service import RewardService, idempotency_key
+from cooper.services.reward.service import RewardService
 from cooper.services.reward.verify_rm import plan_batches
 
 
@@ -33,8 +34,8 @@ def test_idempotent_update_replays_and_trains_nothing(tmp_path: Path) -> None:
         assert (await service.update(idempotency_key("run-a", 4), pairs)).version == 2
         assert (await service.update(idempotency_key("run-b", 3), pairs)).version == 3
         # No run id: no idempotency.
-        assert (await service.update(None, pairs)).version == 4
-        assert (await service.update(None, pairs)).version == 5
+        assert (await service.update("", pairs)).version == 4
+        assert (await service.update("", pairs)).version == 5
         await service.stop()
 
     asyncio.run(main())

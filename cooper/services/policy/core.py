@@ -5,9 +5,9 @@ operation holds one lock: generation and training share the weights, so they mus
 rollouts ahead of training (`behind` = run.max_staleness > 0): the engine then samples from weights of its own, a
 version the trainer already left when asked (sampler.py), and Generate runs while Train does.
 
-Versions: 0 is the initial model; each applied `train` adds 1. Idempotency: the results of the most recent
-`KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and trains
-nothing, also after a restart from a checkpoint.
+Versions: 0 is the initial model; each applied `train` adds 1. Idempotency (cooper/runtime/ledger.py): the results of
+the most recent `KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and
+trains nothing, also after a restart from a checkpoint.
 
 Durability (policy.save_every, save_in_background, journal): every applied `train` is appended to the update journal
 before it returns; a full checkpoint is written every `save_every` updates, from an in-memory copy on a background
@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from cooper.runtime.checkpoint import (
 )
 from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.durability import Durability
+from cooper.runtime.ledger import Ledger
 from cooper.runtime.models import load_causal_lm, resolve_model
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
 from cooper.services.policy.errors import (
@@ -157,8 +157,8 @@ class PolicyCore:
             self.trainer = self._single_rank_trainer()
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.version = 0
-        self.history: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.last_key = ""
+        self.ledger: Ledger[dict[str, Any]] = Ledger(KEY_HISTORY)
+        """Per key: {"metrics", "version"} of the Train or Restore that applied it (a Restore's also "checkpoint")."""
         self.abandoned: list[tuple[int, int]] = []
         """Version ranges a restore left behind (first, last): their checkpoints are another branch's weights."""
         if checkpoint:
@@ -176,8 +176,7 @@ class PolicyCore:
     def _restore_state(self, checkpoint: Any) -> None:
         state = read_state(checkpoint)
         self.version = int(state["version"])
-        self.last_key = state.get("last_key", "")
-        self.history = OrderedDict(state.get("history", {}))
+        self.ledger = Ledger(KEY_HISTORY, state.get("history", {}), state.get("last_key", ""))
         self.abandoned = [(int(first), int(last)) for first, last in state.get("abandoned", [])]
         self.durable.loaded(checkpoint, self.version)
         log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
@@ -200,11 +199,12 @@ class PolicyCore:
             log.info("policy applied %d journaled updates again (now version %d, last key %r)", len(entries),
                      self.version, self.last_key)
 
+    @property
+    def last_key(self) -> str:
+        return self.ledger.last_key
+
     def _record(self, key: str, metrics: dict[str, float]) -> None:
-        self.last_key = key
-        self.history[key] = {"metrics": metrics, "version": self.version}
-        while len(self.history) > KEY_HISTORY:
-            self.history.popitem(last=False)
+        self.ledger.record(key, {"metrics": metrics, "version": self.version})
 
     def _start_ranks(self, weights_path: str, checkpoint: Any) -> Any:
         # Imported here only: FSDP's modules take about a second to import, which one rank never needs.
@@ -235,7 +235,7 @@ class PolicyCore:
         if checkpoint:
             self._restore_state(checkpoint)
         else:
-            self.version, self.last_key, self.history, self.abandoned = 0, "", OrderedDict(), []
+            self.version, self.ledger, self.abandoned = 0, Ledger(KEY_HISTORY), []
             self.durable.loaded("", 0)
         self._sync_engine()
         self.trainer = self._start_ranks(weights_path, checkpoint)
@@ -294,10 +294,11 @@ class PolicyCore:
         if not key:
             raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
         with self._lock:
-            if key in self.history:
-                if "restored_version" in self.history[key]["metrics"]:
+            recorded = self.ledger.recorded(key)
+            if recorded is not None:
+                if "restored_version" in recorded["metrics"]:
                     raise ValueError(f"key {key!r} was a Restore's; give the Train a key of its own")
-                return TrainResult(dict(self.history[key]["metrics"]), int(self.history[key]["version"]), True)
+                return TrainResult(dict(recorded["metrics"]), int(recorded["version"]), True)
             self._check_rollout(samples, rewards, group_size)
             try:
                 if self.sampler:  # rollouts still to come may sample this version after the update leaves it
@@ -326,8 +327,8 @@ class PolicyCore:
         if at_most_version < 0:
             raise ValueError(f"at_most_version must be at least 0 (got {at_most_version})")
         with self._lock:
-            if key in self.history:
-                recorded = self.history[key]
+            recorded = self.ledger.recorded(key)
+            if recorded is not None:
                 if "restored_version" not in recorded["metrics"]:
                     raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
                 return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
@@ -352,9 +353,10 @@ class PolicyCore:
             if restored_version < self.version:
                 self.abandoned.append((restored_version + 1, self.version))
             self.version += 1
-            self._record(key, {"restored_version": float(restored_version)})
             checkpoint = str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
-            self.history[key]["checkpoint"] = checkpoint  # saved with it: a retry after a restart answers the same
+            # The checkpoint's path is recorded with the key and saved with it: a retry after a restart answers the same.
+            self.ledger.record(key, {"metrics": {"restored_version": float(restored_version)}, "version": self.version,
+                                     "checkpoint": checkpoint})
             self._sync_engine()
             self._save(f"restored-v{restored_version}")
             log.warning("policy restored the weights of version %d (%s) as version %d", restored_version,
@@ -412,7 +414,7 @@ class PolicyCore:
     def _save(self, tag: str, background: bool = False) -> str:
         """Write a checkpoint of the current state and return its directory; `background`: from a copy, on the
         background thread (returns at once; the directory is complete once the write lands)."""
-        state = {"version": self.version, "last_key": self.last_key, "history": dict(self.history), "tag": tag,
+        state = {"version": self.version, "last_key": self.last_key, "history": self.ledger.results(), "tag": tag,
                  "model": self.cfg.model, "abandoned": [list(r) for r in self.abandoned]}
         return self.durable.save(self.model, self.tokenizer, self.trainer.optimizer_state, state, self.version,
                                  background)

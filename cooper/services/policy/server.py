@@ -20,6 +20,7 @@ import grpc
 from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
+from cooper.runtime.ledger import idempotency_key
 from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
 from cooper.services.policy.core import PolicyCore
@@ -29,10 +30,6 @@ from cooper.services.policy.trainer import RolloutSample
 
 log = logging.getLogger("cooper.policy")
 T = TypeVar("T")
-
-
-def idempotency_key(key: common_pb2.IdempotencyKey) -> str:
-    return f"{key.run_id}/{key.step}" if key.run_id else ""
 
 
 def sampling_params(msg: policy_pb2.Sampling) -> SamplingParams:
@@ -94,7 +91,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
                     ) -> policy_pb2.TrainResponse:
         samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs) or None)
                    for c in request.rollout]
-        result = await self._run(context, self.core.train, idempotency_key(request.key), samples,
+        result = await self._run(context, self.core.train, idempotency_key(request.key.run_id, request.key.step), samples,
                                  list(request.rewards), request.group_size)
         return policy_pb2.TrainResponse(metrics=result.metrics, version=result.version, replayed=result.replayed)
 
@@ -109,7 +106,8 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
 
     async def Restore(self, request: policy_pb2.RestoreRequest, context: grpc.aio.ServicerContext
                       ) -> policy_pb2.RestoreResponse:
-        result = await self._run(context, self.core.restore, idempotency_key(request.key), request.at_most_version)
+        result = await self._run(context, self.core.restore, idempotency_key(request.key.run_id, request.key.step),
+                                 request.at_most_version)
         return policy_pb2.RestoreResponse(restored_version=result.restored_version, version=result.version,
                                           checkpoint=result.checkpoint, replayed=result.replayed)
 

@@ -14,7 +14,7 @@ Being one call of the model thread, the swap is never seen half-done by a score.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, astuple, dataclass, field, replace
@@ -27,6 +27,7 @@ from cooper.config import RewardConfig
 from cooper.runtime import checkpoint
 from cooper.runtime.checkpoint import REWARD
 from cooper.runtime.durability import Durability
+from cooper.runtime.ledger import Ledger
 from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 from cooper.services.reward.verify_rm import VerifyRM
@@ -44,11 +45,6 @@ class BatchScores:
     forward_s: list[float] = field(default_factory=list)
 
 
-def idempotency_key(run_id: str, step: int) -> str | None:
-    """"<run_id>/<step>", or None (no idempotency) when run_id is empty."""
-    return f"{run_id}/{step}" if run_id else None
-
-
 class RewardCore:
     """Build with `RewardCore.load(config)`; not thread-safe (see the module docstring)."""
 
@@ -60,10 +56,9 @@ class RewardCore:
         state = state or {}
         self.updates: int = state.get("updates", 0)
         """Update calls applied, skipped ones included: the journal's sequence number."""
-        self.last_key: str = state.get("last_key", "")
-        self._results: OrderedDict[str, UpdateResult] = OrderedDict(
-            (key, UpdateResult(**value)) for key, value in state.get("results", {}).items()
-        )
+        self.ledger: Ledger[UpdateResult] = Ledger(
+            RECORDED_RESULTS, {key: UpdateResult(**value) for key, value in state.get("results", {}).items()},
+            state.get("last_key", ""))
         # The pairs of the latest updates (reward.replay_updates), oldest first: trained on again by the next ones.
         self._replay: deque[list[PreferencePair]] = deque(
             ([PreferencePair(**pair) for pair in update] for update in state.get("replay", [])),
@@ -144,7 +139,7 @@ class RewardCore:
         entries = self.durable.entries_after(self.updates, self.last_key)
         for entry in entries:
             self._train([PreferencePair(*pair) for pair in entry["pairs"]], entry["optimizer_steps"])
-            self._record(entry["key"] or None, UpdateResult(**entry["result"]))
+            self.ledger.record(entry["key"], UpdateResult(**entry["result"]))
         if entries:
             log.info("reward applied %d journaled updates again (now version %d, update %d, last key %r)",
                      len(entries), self.rm.version, self.updates, self.last_key)
@@ -161,19 +156,20 @@ class RewardCore:
         logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
         return BatchScores(logits, self.rm.version, forward_s)
 
-    def apply_update(self, key: str | None, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
+    def apply_update(self, key: str, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
         """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:
         reward.update_steps) -> version + 1, journaled before it returns; a key applied before returns its recorded
         result, trains nothing."""
-        if key is not None and key in self._results:
-            return replace(self._results[key], replayed=True)
+        recorded = self.ledger.recorded(key)
+        if recorded is not None:
+            return replace(recorded, replayed=True)
         after_key = self.last_key
         steps = optimizer_steps or self.config.update_steps
         result = self._train(list(pairs), steps)
         self.durable.record(self.updates, after_key, {
-            "key": key or "", "pairs": [astuple(pair) for pair in pairs], "optimizer_steps": steps,
+            "key": key, "pairs": [astuple(pair) for pair in pairs], "optimizer_steps": steps,
             "result": asdict(result)})
-        self._record(key, result)
+        self.ledger.record(key, result)
         if self.durable.due(self.updates):
             self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(""),
                               self.updates, background=self.config.save_in_background)
@@ -188,18 +184,15 @@ class RewardCore:
         self.updates += 1
         return result
 
-    def _record(self, key: str | None, result: UpdateResult) -> None:
-        if key is not None:
-            self.last_key = key
-            self._results[key] = result
-            while len(self._results) > RECORDED_RESULTS:
-                self._results.popitem(last=False)
+    @property
+    def last_key(self) -> str:
+        return self.ledger.last_key
 
     def _state(self, tag: str) -> dict[str, Any]:
         """The bookkeeping a checkpoint holds beside the weights and optimizer state."""
         return {
             "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
-            "tag": tag, "results": {key: asdict(value) for key, value in self._results.items()},
+            "tag": tag, "results": {key: asdict(value) for key, value in self.ledger.results().items()},
             "replay": [[asdict(pair) for pair in update] for update in self._replay],
         }
 
@@ -241,7 +234,7 @@ class RewardCore:
                 own[name].copy_(tensor)
         self.rm.version = state["version"]
         self.updates = state.get("updates", 0)
-        self.last_key = state.get("last_key", "")
+        self.ledger.last_key = state.get("last_key", "")  # a replica applies no updates: the key is what it reports
         self.durable.loaded(path, self.updates)
         log.info("replica: now serving %s (version %d)", path, self.rm.version)
         return self.info()

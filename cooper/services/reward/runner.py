@@ -73,7 +73,7 @@ class Runner:
     def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
         return self.call(RewardCore.score_tokens, token_lists)
 
-    def apply_update(self, key: str | None, pairs: list[PreferencePair],
+    def apply_update(self, key: str, pairs: list[PreferencePair],
                      optimizer_steps: int = 0) -> asyncio.Future[UpdateResult]:
         return self.call(RewardCore.apply_update, key, pairs, optimizer_steps)
 

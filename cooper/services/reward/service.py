@@ -19,7 +19,7 @@ import prometheus_client
 
 from cooper.config import RewardConfig
 from cooper.services.reward.batcher import Batcher
-from cooper.services.reward.core import BatchScores, RewardCore, idempotency_key
+from cooper.services.reward.core import BatchScores, RewardCore
 from cooper.services.reward.items import (
     ModelInfo,
     PreferencePair,
@@ -32,7 +32,7 @@ from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, Rep
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
 from cooper.services.reward.verify_rm import Encoder, logit_to_reward
 
-__all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult", "idempotency_key"]
+__all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult"]
 
 TOKENIZE_SECONDS = prometheus_client.Histogram(
     "cooper_reward_tokenize_seconds", "Time to build and tokenize the inputs of one scoring request",
@@ -178,7 +178,7 @@ class RewardService:
             raise ReadOnlyReplica(f"{what} refused: this reward service is a read replica (reward.role=replica) and "
                                   "never changes the model; send it to the trainer (reward.server.address)")
 
-    async def update(self, key: str | None, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
+    async def update(self, key: str, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
         """One Bradley-Terry update over `pairs` -> version + 1 (`optimizer_steps` steps; 0: reward.update_steps);
         a key applied before returns its recorded result."""
         self._refuse_writes("Update")
