@@ -27,6 +27,7 @@ from cooper.metric_names import (
     STEP,
     VERIFIER_ACCURACY,
 )
+from cooper.modes import reward_mode
 from cooper.orchestrator.best_of_n import BestOfN
 
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
@@ -68,7 +69,8 @@ def action_spans(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     (rule mode, whose reward is always the verifier's, has none)."""
     spans: list[tuple[int, int]] = []
     for r in records:
-        acting = (r.get(MODE) != "rule" and r.get(REWARD_SOURCE) in ("verifier", "rollback")) or bool(
+        reward_model_pays = MODE not in r or reward_mode(r[MODE]).reward_model_scores
+        acting = (reward_model_pays and r.get(REWARD_SOURCE) in ("verifier", "rollback")) or bool(
             r.get(ALARM_RM_NEGATIVES))
         if not acting:
             continue
@@ -108,6 +110,11 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt
 
 
+def _reward_model_pays(seeds: Sequence[Sequence[Mapping[str, Any]]]) -> bool:
+    """Whether these runs' training reward was VerifyRM's, by the reward mode their records name (cooper/modes.py)."""
+    return any(reward_mode(records[0][MODE]).reward_model_scores for records in seeds if records and MODE in records[0])
+
+
 def bin_means(values: Sequence[float], bins: int) -> list[float]:
     """Means of `bins` consecutive, equal runs of `values` (the last run takes the remainder)."""
     size = max(1, len(values) // bins)
@@ -131,7 +138,7 @@ def overoptimization_plot(runs: Runs, path: Path, best_of_n: Sequence[BestOfN] =
         x = [math.sqrt(max(0.0, v)) for v in bin_means([kl[s] for s in steps], bins)]
         ax.plot(x, bin_means([gold[s] for s in steps], bins), color=COLORS.get(mode), marker=".",
                 label=f"{mode}: verifier (gold)")
-        if mode != "rule":  # rule's reward is the verifier's verdict: proxy and gold are one line
+        if _reward_model_pays(seeds):  # else the reward is the verifier's verdict: proxy and gold are one line
             ax.plot(x, bin_means([proxy[s] for s in steps], bins), color=COLORS.get(mode), linestyle=":",
                     label=f"{mode}: training reward (proxy)")
     if best_of_n:

@@ -18,6 +18,7 @@ import redis
 import yaml
 
 from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
+from cooper.modes import reward_mode
 from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
 
@@ -99,7 +100,8 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
     from cooper.runtime.models import builds_locally, resolve_model
 
     wanted = [(config.policy.model, "causal")] if not config.policy.server.address else []
-    if (reward or (reward is None and config.run.mode != "rule")) and not config.reward.server.address:
+    uses_reward_model = reward_mode(config.run.mode).reward_model_scores
+    if (reward or (reward is None and uses_reward_model)) and not config.reward.server.address:
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
         if builds_locally(name):
