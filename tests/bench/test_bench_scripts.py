@@ -57,7 +57,8 @@ SCRIPTS = [
 ]
 
 
-RUN_ELSEWHERE = {"chaos.py": "tests/orchestrator/test_chaos.py"}
+RUN_ELSEWHERE = {"chaos.py": "tests/orchestrator/test_chaos.py",
+                 "alarm_replay.py": "tests/evaluation/test_alarm_replay.py"}
 """Scripts another test runs whole: there, on a small scale, is the test of the system they measure."""
 
 
