@@ -1,16 +1,16 @@
 """Chaos: SIGKILL every part of a real tiny run at seeded random moments; the run must end as if nothing happened.
 
 Per seed and recipe, one uninterrupted run, then the same run (same `run.seed`) with `--kills` SIGKILLs, each at a
-seeded step plus a seeded delay of 0-2 s: every service the run has (verifier, policy, reward, and the generator
-in the paper's recipe), the `cooper train` CLI and its embedded Redis, each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI,
-so the CLI's kill is theirs too. A kill that ends the CLI (the CLI itself; Redis, which stops the run with
-RunFailed) is followed by `cooper train --resume`. Two recipes: the tiny preset's variant (`rollouts`: negatives
-from the policy's own rejected rollouts, so no generator runs) and the paper's
-(`generator`: the generator writes every negative), where one more kill SIGKILLs the generator inside a
-`negatives` job. Evaluations run every `--eval-every` steps, and one more kill lands inside one (the policy, the
-verifier or the CLI, seeded). A kill meant to land inside a job is counted only if that job was running when it was
-sent and still was just after it (and, for the generator, the job then waited for the restarted generator).
-Invariants, all checked on every run:
+seeded step plus a seeded delay of 0-2 s (at most the uninterrupted run's seconds per step): every service the run has
+(verifier, policy, reward, and the generator in the paper's recipe), the `cooper train` CLI and its embedded Redis,
+each at least once (tests/orchestrator/chaos.py). Stage workers are threads of the CLI, so the CLI's kill is theirs
+too. A kill that ends the CLI (the CLI itself; Redis, which stops the run with RunFailed) is followed by `cooper train
+--resume`. Two recipes: the tiny preset's variant (`rollouts`: negatives from the policy's own rejected rollouts, so
+no generator runs) and the paper's (`generator`: the generator writes every negative), where one more kill SIGKILLs
+the generator inside a `negatives` job. Evaluations run every `--eval-every` steps, and one more kill lands inside one
+(the policy, the verifier or the CLI, seeded). A kill meant to land inside a job is counted only if that job was
+running when it was sent and still was just after it (and, for the generator, the job then waited for the restarted
+generator). Invariants, all checked on every run:
 
 - every kill landed (`kills_not_landed` 0: a kill that never came, or missed its job, is a failure);
 - every step logged exactly once, in order (the raw metrics.jsonl lines, not the de-duplicated reading);
@@ -85,7 +85,7 @@ def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dic
               flush=True)
         chaos = run_with_kills(tmp, seed, args.steps, kills, say=lambda m: print(f"{recipe} {m}", flush=True),
                                recipe=recipe, eval_every=args.eval_every, stuck_s=args.stuck_after,
-                               max_staleness=args.max_staleness)
+                               max_staleness=args.max_staleness, step_s=calm_s / args.steps)
         check(chaos, tmp / f"chaos-{seed}", reference)
     except AssertionError as err:  # a run got stuck or died: an invariant failed; the whole report goes to stderr
         print(f"{recipe} seed {seed}: aborted: {err}", file=sys.stderr, flush=True)

@@ -192,10 +192,14 @@ def _pid_of(train: Train, target: str) -> psutil.Process:
 
 def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print,
                    recipe: str = "rollouts", eval_every: int = 0, stuck_s: float = STUCK_S,
-                   max_staleness: int = 0) -> ChaosRun:
+                   max_staleness: int = 0, step_s: float | None = None) -> ChaosRun:
     """Run `steps` steps of seed `seed`, SIGKILLing each target in `kills` once `after_step` steps are logged plus
     `delay_s` (and, with `during`, once a job of that stage runs); resume whenever the CLI ended. Records what
-    happened; checks come after (check)."""
+    happened; checks come after (check).
+
+    `step_s` (the uninterrupted run's wall time per step) caps each delay: a delay is a moment within the step after
+    `after_step`, and on a run whose steps are shorter than the 0-2 s the schedule draws (rule mode, rollouts ahead
+    of training) the delays would add up until the last kills came after the run had ended."""
     name = f"chaos-{seed}"
     run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe, max_staleness)
     start = time.monotonic()
@@ -203,7 +207,7 @@ def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Cal
     trains.append(train)
     for kill in kills:
         train.wait_for_steps(run_dir, kill.after_step, timeout_s=stuck_s)
-        time.sleep(kill.delay_s)
+        time.sleep(kill.delay_s if step_s is None else min(kill.delay_s, step_s))
         if train.proc.poll() is not None:  # the run finished before this kill's moment
             break
         killed_at = time.monotonic()
