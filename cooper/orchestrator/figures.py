@@ -12,21 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cooper.metric_names import (
-    ALARM_EVENT,
-    ALARM_RM_NEGATIVES,
-    ALARM_ROLLED_BACK_TO,
-    KL_FROM_INITIAL,
-    MODE,
-    PAIR_ACCURACY_AFTER,
-    PAIR_ACCURACY_BEFORE,
-    REWARD_MEAN,
-    REWARD_SOURCE,
-    RM_AUROC,
-    RM_FALSE_POSITIVE_RATE,
-    STEP,
-    VERIFIER_ACCURACY,
-)
+from cooper import metric_names as names
 from cooper.modes import reward_mode
 from cooper.orchestrator.best_of_n import BestOfN
 
@@ -41,7 +27,7 @@ def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], key: str) -> l
         for r in records:
             value = r.get(key)
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
-                by_step.setdefault(int(r[STEP]), []).append(float(value))
+                by_step.setdefault(int(r[names.STEP]), []).append(float(value))
     return sorted((step, statistics.fmean(values)) for step, values in by_step.items())
 
 
@@ -69,12 +55,12 @@ def action_spans(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     (rule mode, whose reward is always the verifier's, has none)."""
     spans: list[tuple[int, int]] = []
     for r in records:
-        reward_model_pays = MODE not in r or reward_mode(r[MODE]).reward_model_scores
-        acting = (reward_model_pays and r.get(REWARD_SOURCE) in ("verifier", "rollback")) or bool(
-            r.get(ALARM_RM_NEGATIVES))
+        reward_model_pays = names.MODE not in r or reward_mode(r[names.MODE]).reward_model_scores
+        acting = (reward_model_pays and r.get(names.REWARD_SOURCE) in ("verifier", "rollback")) or bool(
+            r.get(names.ALARM_RM_NEGATIVES))
         if not acting:
             continue
-        step = int(r[STEP])
+        step = int(r[names.STEP])
         if spans and spans[-1][1] == step - 1:
             spans[-1] = (spans[-1][0], step)
         else:
@@ -86,10 +72,10 @@ def mark_alarm(ax, records: Sequence[Mapping[str, Any]], color: str | None) -> N
     """On a per-step panel: a dotted line at each raise of the reward-hacking alarm, a dash-dot line at each
     rollback, and a faint band over the steps an action was in force."""
     for r in records:
-        if r.get(ALARM_EVENT) == "raised":
-            ax.axvline(r[STEP], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
-        if ALARM_ROLLED_BACK_TO in r:
-            ax.axvline(r[STEP], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
+        if r.get(names.ALARM_EVENT) == "raised":
+            ax.axvline(r[names.STEP], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
+        if names.ALARM_ROLLED_BACK_TO in r:
+            ax.axvline(r[names.STEP], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
     for first, last in action_spans(records):
         ax.axvspan(first - 0.5, last + 0.5, color=color, alpha=0.05, linewidth=0)
 
@@ -112,7 +98,8 @@ def _pyplot():  # type: ignore[no-untyped-def]
 
 def _reward_model_pays(seeds: Sequence[Sequence[Mapping[str, Any]]]) -> bool:
     """Whether these runs' training reward was VerifyRM's, by the reward mode their records name (cooper/modes.py)."""
-    return any(reward_mode(records[0][MODE]).reward_model_scores for records in seeds if records and MODE in records[0])
+    return any(reward_mode(records[0][names.MODE]).reward_model_scores
+               for records in seeds if records and names.MODE in records[0])
 
 
 def bin_means(values: Sequence[float], bins: int) -> list[float]:
@@ -129,9 +116,9 @@ def overoptimization_plot(runs: Runs, path: Path, best_of_n: Sequence[BestOfN] =
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for mode, seeds in runs.items():
-        kl = dict(mean_over_seeds(seeds, KL_FROM_INITIAL))
-        gold = dict(mean_over_seeds(seeds, VERIFIER_ACCURACY))
-        proxy = dict(mean_over_seeds(seeds, REWARD_MEAN))
+        kl = dict(mean_over_seeds(seeds, names.KL_FROM_INITIAL))
+        gold = dict(mean_over_seeds(seeds, names.VERIFIER_ACCURACY))
+        proxy = dict(mean_over_seeds(seeds, names.REWARD_MEAN))
         steps = [s for s in sorted(kl) if s in gold]
         if not steps:
             continue
@@ -162,8 +149,8 @@ def overoptimization_plot(runs: Runs, path: Path, best_of_n: Sequence[BestOfN] =
 
 
 HEALTH_PANELS = [
-    (RM_AUROC, "AUROC of VerifyRM vs verifier (policy samples)"),
-    (RM_FALSE_POSITIVE_RATE, "false-positive rate on verifier-wrong samples"),
+    (names.RM_AUROC, "AUROC of VerifyRM vs verifier (policy samples)"),
+    (names.RM_FALSE_POSITIVE_RATE, "false-positive rate on verifier-wrong samples"),
     ("pair_accuracy", "pair accuracy before (dotted) / after the update"),
 ]
 
@@ -175,7 +162,7 @@ def rm_health_plot(runs: Runs, path: Path, window: int = 5) -> Path:
     for ax, (key, title) in zip(axes, HEALTH_PANELS, strict=True):
         for mode, seeds in runs.items():
             if key == "pair_accuracy":
-                series = [(PAIR_ACCURACY_BEFORE, ":"), (PAIR_ACCURACY_AFTER, "-")]
+                series = [(names.PAIR_ACCURACY_BEFORE, ":"), (names.PAIR_ACCURACY_AFTER, "-")]
             else:
                 series = [(key, "-")]
             for name, style in series:
