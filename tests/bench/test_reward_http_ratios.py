@@ -1,0 +1,45 @@
+"""bench/reward_http.py's ratios between the service and another server: per round (the rounds pair the servers),
+reported as their median with the per-round values and their range; and the sweep's settings of the peers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def reward_http(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import reward_http
+
+    return reward_http
+
+
+def test_the_ratio_is_the_median_of_per_round_ratios_with_their_range(reward_http) -> None:
+    ratios = reward_http.per_round_ratios([87.0, 102.0, 117.0], [100.0, 100.0, 100.0])
+    assert ratios == pytest.approx([0.87, 1.02, 1.17])
+    report = reward_http.ratio_report("ratio_vs_best_peer", ratios)
+    assert report == {"ratio_vs_best_peer": 1.02, "ratio_vs_best_peer_per_round": [0.87, 1.02, 1.17],
+                      "ratio_vs_best_peer_range": [0.87, 1.17]}
+
+
+def test_a_round_without_a_reading_of_the_other_server_is_left_out(reward_http) -> None:
+    # A ratio of medians would give 200 / 150 = 1.33; paired by round the service is 1.0x and 2.0x the peer.
+    assert reward_http.per_round_ratios([100.0, 50.0, 200.0], [100.0, None, 100.0]) == [1.0, 2.0]
+    assert reward_http.ratio_report("ratio_vs_vllm", []) == {
+        "ratio_vs_vllm": None, "ratio_vs_vllm_per_round": [], "ratio_vs_vllm_range": None}
+
+
+def test_litserve_gets_two_workers_and_vllm_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:
+    litserve = reward_http.settings_grid("litserve", [16], [2.0], cores=2)
+    assert {(s["workers"], s["fast_queue"]) for s in litserve} == {(1, False), (1, True), (2, False), (2, True)}
+    assert {s["workers"] for s in reward_http.settings_grid("litserve", [16], [2.0], cores=1)} == {1}
+    vllm = reward_http.settings_grid("vllm", [8, 32], [2.0], cores=2, threads=1)
+    assert {s["omp_threads_bind"] for s in vllm} == {"auto", "0", "0-1"}
+    assert {(s["max_num_seqs"], s["max_num_batched_tokens"]) for s in vllm} == {(8, 2048), (8, 8192), (32, 2048),
+                                                                                (32, 8192)}
+    setting = vllm[-1]
+    assert reward_http.setting_env(setting) == {"VLLM_CPU_OMP_THREADS_BIND": setting["omp_threads_bind"]}
