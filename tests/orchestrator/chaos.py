@@ -268,6 +268,11 @@ def _kill(train: Train, target: str) -> psutil.Process:
     return victim
 
 
+FREEZE_S = 0.1
+"""How long a target stays frozen before a kill meant for inside a job: long enough for a stage worker that already
+had the job's answer to record it."""
+
+
 def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300) -> psutil.Process | None:
     """SIGKILL kill.target (serving, for a service) as soon as a job of stage kill.during is running, and set
     kill.inside to that job if its status was unchanged just after the kill. None if no such job ran before the run
@@ -300,6 +305,19 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
             job, record = running[0]
             if not _alive(victim):  # restarted after an earlier kill: a new process
                 victim = _pid_of(train, kill.target)
+            # Freeze the target first: a job waiting on it cannot end while it is frozen, so if the job is still
+            # running a moment later (its answer was not already on its way) the kill lands inside it. A job that
+            # ended meanwhile (a 0.5 s update can end between the look above and the kill) is let go, and the kill
+            # waits for the next job of that stage.
+            victim.send_signal(signal.SIGSTOP)
+            time.sleep(FREEZE_S)
+            try:
+                still_running = store.hget(status_key, job) == record
+            except redis.ConnectionError:
+                still_running = False
+            if not still_running:
+                victim.send_signal(signal.SIGCONT)
+                continue
             victim.send_signal(signal.SIGKILL)
             try:
                 unchanged = store.hget(status_key, job) == record
