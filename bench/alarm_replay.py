@@ -44,6 +44,7 @@ import yaml
 
 from cooper.config import load_config
 from cooper.orchestrator.alarm_watch import AlarmWatch
+from cooper.orchestrator.outputs import read_metrics
 
 HELDOUT = "heldout"
 # What AlarmWatch.observe writes into a step's record; the rest of a record's alarm/* keys come from the stages.
@@ -70,18 +71,6 @@ class MemoryStore:
         self.values.update({key: json.dumps(value) for key, value in values.items()})
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's step records in step order; a step logged twice (a resumed run) counts once, its last line."""
-    plain, packed = run_dir / "metrics.jsonl", run_dir / "metrics.jsonl.gz"
-    text = plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()).decode()
-    by_step = {}
-    for line in text.splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_step[record["step"]] = record
-    return [by_step[step] for step in sorted(by_step)]
-
-
 def heldout_points(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
     """(step, held-out accuracy): the initial evaluation at step -1, the one after step t at t."""
     points = [(-1, float(records[0][f"test_initial/{HELDOUT}"]))] if records and \
@@ -90,10 +79,10 @@ def heldout_points(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, floa
                      if r.get(f"test/{HELDOUT}") is not None]
 
 
-def replay_run(run_dir: Path, overrides: Sequence[str]) -> dict[str, Any] | None:
+def replay_run(run_dir: Path, records: Sequence[Mapping[str, Any]], overrides: Sequence[str]
+               ) -> dict[str, Any] | None:
     """The run's alarm replayed step by step; None for a run the alarm does not watch (rule mode, alarm off)."""
     config = load_config(run_dir / "config.yaml", overrides, environ={})
-    records = read_records(run_dir)
     with tempfile.TemporaryDirectory() as events_dir:  # AlarmWatch appends its raises and clears to alarms.jsonl
         watch = AlarmWatch.for_run(config, MemoryStore(), Path(events_dir))  # type: ignore[arg-type]
         if watch is None:
@@ -129,12 +118,11 @@ def describe(name: str, result: Mapping[str, Any]) -> str:
     return line + f"; held-out {result['heldout_start']:.3f} at start{before}, {result['heldout_end']:.3f} at the end"
 
 
-def save_trimmed(run_dir: Path, out: Path) -> Path:
+def save_trimmed(run_dir: Path, records: Sequence[Mapping[str, Any]], out: Path) -> Path:
     """The run as the regression data holds it (module docstring); returns its folder."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     kept = {"run": config["run"], "reward": {"model": config["reward"]["model"]}, "alarm": config["alarm"]}
     run, model, alarm = config["run"], config["reward"]["model"], config["alarm"]["mode"]
-    records = read_records(run_dir)
     # The absolute check is on when the run validated its initial RM (eval.rm_benchmark_path) or was given a bound.
     absolute = "-absolute" if config["alarm"].get("false_positive_bound") is not None or any(
         r.get("rm_bench_initial/false_positive_rate") is not None for r in records) else ""
@@ -159,13 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"not a run directory (no config.yaml): {', '.join(missing)}")
     runs = {}
     for run_dir in run_dirs:
-        result = replay_run(run_dir, overrides)
+        records = read_metrics(run_dir)
+        result = replay_run(run_dir, records, overrides)
         if result is None:
             print(f"{run_dir.name}: not watched by the alarm (rule mode or alarm.mode off)")
             continue
         runs[run_dir.name] = result
         if args.save_trimmed:
-            result["saved_to"] = str(save_trimmed(run_dir, args.save_trimmed))
+            result["saved_to"] = str(save_trimmed(run_dir, records, args.save_trimmed))
         print(describe(run_dir.name, result))
     print(json.dumps({"overrides": overrides, "runs": runs, "reproduced": all(r["reproduced"] for r in runs.values())}))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -133,12 +134,17 @@ def trim_metrics(run_dir: Path, logged_through: int) -> list[int]:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's step records; if a step was logged twice (a resumed run), the last line wins."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    """The run's step records; if a step was logged twice (a resumed run), the last line wins. A run kept compressed
+    (metrics.jsonl.gz: the alarm's regression data, bench/data/alarm-runs/) is read the same way."""
+    path, packed = run_dir / "metrics.jsonl", run_dir / "metrics.jsonl.gz"
+    if path.exists():
+        text = path.read_text()
+    elif packed.exists():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
         return []
     by_step: dict[int, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if line.strip():
             record = json.loads(line)
             by_step[record[STEP]] = record
