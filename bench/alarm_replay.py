@@ -42,20 +42,21 @@ from typing import Any
 
 import yaml
 
+from cooper import metric_names as names
 from cooper.config import load_config
 from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.outputs import read_metrics
 
-HELDOUT = "heldout"
+HELDOUT_START, HELDOUT = names.TEST_INITIAL + "heldout", names.TEST + "heldout"
 # What AlarmWatch.observe writes into a step's record; the rest of a record's alarm/* keys come from the stages.
-ALARM_FIELDS = ("alarm/state", "alarm/statistic", "alarm/threshold", "alarm/event")
+ALARM_FIELDS = (names.ALARM_STATE, names.ALARM_STATISTIC, names.ALARM_THRESHOLD, names.ALARM_EVENT)
 # What HackingAlarm.observe reads (signal_values, exploit_check.step_counts, the absolute check's validation) and
 # what AlarmWatch.observe writes into its events (the versions and the onset's).
-DETECTOR_FIELDS = ("step", "rm_auroc", "rm_auroc_support", "reward_accuracy_gap", "rm_false_positive_rate",
-                   "verifier_accuracy", "kl_from_initial", "rollouts", "rm_bench_initial/false_positive_rate",
-                   "rm_bench_initial/negatives", "policy_version_sampled", "policy_version", "reward_version",
-                   "reward_version_used")
-TRIMMED_FIELDS = (*DETECTOR_FIELDS, *ALARM_FIELDS, "reward_source", f"test_initial/{HELDOUT}", f"test/{HELDOUT}")
+DETECTOR_FIELDS = (names.STEP, names.RM_AUROC, names.RM_AUROC_SUPPORT, names.REWARD_ACCURACY_GAP,
+                   names.RM_FALSE_POSITIVE_RATE, names.VERIFIER_ACCURACY, names.KL_FROM_INITIAL, names.ROLLOUTS,
+                   names.RM_BENCH_INITIAL_FALSE_POSITIVE_RATE, names.RM_BENCH_INITIAL_NEGATIVES,
+                   names.POLICY_VERSION_SAMPLED, names.POLICY_VERSION, names.REWARD_VERSION, names.REWARD_VERSION_USED)
+TRIMMED_FIELDS = (*DETECTOR_FIELDS, *ALARM_FIELDS, names.REWARD_SOURCE, HELDOUT_START, HELDOUT)
 
 
 class MemoryStore:
@@ -73,10 +74,8 @@ class MemoryStore:
 
 def heldout_points(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, float]]:
     """(step, held-out accuracy): the initial evaluation at step -1, the one after step t at t."""
-    points = [(-1, float(records[0][f"test_initial/{HELDOUT}"]))] if records and \
-        records[0].get(f"test_initial/{HELDOUT}") is not None else []
-    return points + [(int(r["step"]), float(r[f"test/{HELDOUT}"])) for r in records
-                     if r.get(f"test/{HELDOUT}") is not None]
+    points = [(-1, float(records[0][HELDOUT_START]))] if records and records[0].get(HELDOUT_START) is not None else []
+    return points + [(int(r[names.STEP]), float(r[HELDOUT])) for r in records if r.get(HELDOUT) is not None]
 
 
 def replay_run(run_dir: Path, records: Sequence[Mapping[str, Any]], overrides: Sequence[str]
@@ -88,13 +87,13 @@ def replay_run(run_dir: Path, records: Sequence[Mapping[str, Any]], overrides: S
         if watch is None:
             return None
         replayed = [watch.observe({k: v for k, v in record.items() if k not in ALARM_FIELDS}) for record in records]
-    differing = [r["step"] for r, fields in zip(records, replayed, strict=True)
+    differing = [r[names.STEP] for r, fields in zip(records, replayed, strict=True)
                  if fields != {k: r[k] for k in ALARM_FIELDS if k in r}]
-    raises = [r["step"] for r, fields in zip(records, replayed, strict=True) if fields.get("alarm/event") == "raised"]
+    raises = [r[names.STEP] for r, fields in zip(records, replayed, strict=True) if fields.get(names.ALARM_EVENT) == "raised"]
     points = heldout_points(records)
     out: dict[str, Any] = {
         "mode": config.run.mode, "alarm_mode": config.alarm.mode, "steps": len(records),
-        "raises": raises, "recorded_raises": [r["step"] for r in records if r.get("alarm/event") == "raised"],
+        "raises": raises, "recorded_raises": [r[names.STEP] for r in records if r.get(names.ALARM_EVENT) == "raised"],
         "reproduced": not differing, "first_differing_step": differing[0] if differing else None,
         "heldout_start": points[0][1] if points else None, "heldout_end": points[-1][1] if points else None,
     }
@@ -125,7 +124,7 @@ def save_trimmed(run_dir: Path, records: Sequence[Mapping[str, Any]], out: Path)
     run, model, alarm = config["run"], config["reward"]["model"], config["alarm"]["mode"]
     # The absolute check is on when the run validated its initial RM (eval.rm_benchmark_path) or was given a bound.
     absolute = "-absolute" if config["alarm"].get("false_positive_bound") is not None or any(
-        r.get("rm_bench_initial/false_positive_rate") is not None for r in records) else ""
+        r.get(names.RM_BENCH_INITIAL_FALSE_POSITIVE_RATE) is not None for r in records) else ""
     folder = out / f"{run['mode']}-{model}-{alarm}{absolute}-{run['steps']}steps-s{run['seed']}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(kept, sort_keys=False))
