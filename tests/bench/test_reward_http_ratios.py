@@ -43,3 +43,10 @@ def test_litserve_gets_two_workers_and_vllm_its_cpu_settings_where_there_are_two
                                                                                 (32, 8192)}
     setting = vllm[-1]
     assert reward_http.setting_env(setting) == {"VLLM_CPU_OMP_THREADS_BIND": setting["omp_threads_bind"]}
+
+
+def test_the_best_settings_of_the_sweep_are_read_again_and_a_server_with_one_setting_is_not(reward_http) -> None:
+    sweep = [{"setting": {"max_batch": b}, "items_per_s": rate, "readings": [rate]}
+             for b, rate in [(8, 900.0), (16, 1200.0), (32, 1000.0), (64, 400.0)]]
+    assert [e["setting"]["max_batch"] for e in reward_http.top_settings(sweep, 3)] == [16, 32, 8]
+    assert reward_http.top_settings(sweep[:1], 3) == []
