@@ -35,10 +35,10 @@ and 3 batches in flight per model process (reward.batching.max_inflight) and 1 a
 VLLM_CPU_KVCACHE_SPACE stays at 1 GiB: the docs' reason to raise it is more requests in parallel, and 1 GiB holds far
 more of this model's sequences than 32 clients have in flight. Prefix caching is off (see server_command). Then each
 server's --confirm (3) best settings of the sweep are read once more, all in one shuffled order, and the one of the
-highest mean of its two readings is the server's best (one reading of 3 s can be a lucky minute). That best setting
-runs the rounds, which give every figure below; "sweep" per server lists every setting tried with its readings
-("items_per_s" their mean), and "setting" its best (vLLM's as omp_threads_bind, max_num_seqs,
-max_num_batched_tokens).
+highest mean of its two readings is the server's best: one reading of 3 s can be a lucky minute, so only the settings
+read twice compete. That best setting runs the rounds, which give every figure below; "sweep" per server lists every
+setting tried with its readings ("items_per_s" their mean), and "setting" its best (vLLM's as omp_threads_bind,
+max_num_seqs, max_num_batched_tokens).
 
 Fairness on a small, shared machine: every server gets the same torch thread count (--threads, default 1), the same
 client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
@@ -471,6 +471,14 @@ def top_settings(sweep: list[dict], n: int) -> list[dict]:
     return sorted(sweep, key=lambda entry: entry["items_per_s"], reverse=True)[:n] if len(sweep) > 1 else []
 
 
+def best_setting(sweep: list[dict]) -> dict:
+    """The setting of the highest mean among those read more than once (the confirmed ones): a setting read once
+    whose reading beats their means may only have had a quieter minute (confirmed means fall back towards the
+    typical reading). A sweep with nothing confirmed: the best single reading."""
+    confirmed = [entry for entry in sweep if len(entry["readings"]) > 1] or sweep
+    return max(confirmed, key=lambda entry: entry["items_per_s"])["setting"]
+
+
 def vllm_grid(batch_sizes: list[int], cores: int, threads: int) -> list[dict]:
     """vLLM's settings in the sweep, as its CPU documentation names them (the module docstring says why these values):
     VLLM_CPU_OMP_THREADS_BIND "auto", the first `threads` cores and, where there are more, all `cores`; --max-num-seqs
@@ -726,8 +734,7 @@ def main() -> None:
             entry["items_per_s"] = round(statistics.mean(entry["readings"]), 1)
             print(f"reward_http: confirm {index + 1}/{len(confirming)} {name} {setting_label(entry['setting'])}: "
                   f"{result['items_per_s']:.0f} items/s (mean {entry['items_per_s']:.0f})", file=sys.stderr)
-        best = {name: max(sweeps[name], key=lambda run: run["items_per_s"])["setting"] if sweeps[name]
-                else grids[name][0] for name in running}
+        best = {name: best_setting(sweeps[name]) if sweeps[name] else grids[name][0] for name in running}
         if "baseline" in best:
             best["baseline"] = best["service"]
         # The ceiling runs as many model processes as the service's best setting.

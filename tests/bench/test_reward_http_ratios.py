@@ -50,3 +50,12 @@ def test_the_best_settings_of_the_sweep_are_read_again_and_a_server_with_one_set
              for b, rate in [(8, 900.0), (16, 1200.0), (32, 1000.0), (64, 400.0)]]
     assert [e["setting"]["max_batch"] for e in reward_http.top_settings(sweep, 3)] == [16, 32, 8]
     assert reward_http.top_settings(sweep[:1], 3) == []
+
+
+def test_the_best_setting_is_the_best_mean_among_the_settings_read_twice(reward_http) -> None:
+    # 16 read 1200 then 900 (mean 1050); 32 read once at 1100: a lucky minute has not been ruled out for 32.
+    sweep = [{"setting": {"max_batch": 8}, "items_per_s": 1000.0, "readings": [1000.0, 1000.0]},
+             {"setting": {"max_batch": 16}, "items_per_s": 1050.0, "readings": [1200.0, 900.0]},
+             {"setting": {"max_batch": 32}, "items_per_s": 1100.0, "readings": [1100.0]}]
+    assert reward_http.best_setting(sweep) == {"max_batch": 16}
+    assert reward_http.best_setting(sweep[2:]) == {"max_batch": 32}  # nothing confirmed: the best single reading
