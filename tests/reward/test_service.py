@@ -298,3 +298,31 @@ def test_the_batcher_hands_the_model_at_most_max_inflight_batches_per_copy(infli
         await batcher.stop()
 
     asyncio.run(main())
+
+
+def test_a_request_whose_caller_went_away_part_way_stops_taking_the_model() -> None:
+    """A caller cancelled after its first batch was handed to the model: the rest of its items are never batched,
+    the request behind it is next, and the queue's count of waiting items is back to zero."""
+    from cooper.services.reward.batcher import Batcher
+
+    async def main() -> None:
+        handed: list[list[int]] = []
+
+        async def run_batch(items: list[int]) -> tuple[list[float], int]:
+            handed.append(items)
+            await asyncio.sleep(0.01)
+            return [float(x) for x in items], 0
+
+        batcher = Batcher(run_batch, BatchingConfig(max_batch_size=2, max_wait_ms=0, max_inflight=1))
+        batcher.start()
+        abandoned = asyncio.ensure_future(batcher.submit(list(range(100))))
+        await asyncio.sleep(0)  # in the queue
+        await asyncio.sleep(0.005)  # its first batch is with the model
+        assert handed == [[0, 1]]
+        abandoned.cancel()
+        assert await batcher.submit([1000, 1001]) == ([1000.0, 1001.0], 0)
+        assert handed == [[0, 1], [1000, 1001]]  # nothing more of the abandoned request
+        assert batcher.queued_items == 0
+        await batcher.stop()
+
+    asyncio.run(main())

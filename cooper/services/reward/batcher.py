@@ -268,7 +268,7 @@ class Batcher:
         batch: list[tuple[_Request, int]] = []
         while self._queue and isinstance(self._queue[0], _Request):
             request = self._queue[0]
-            if request.next_item == 0 and self._drop_if_stale(request, now):
+            if self._drop_if_abandoned(request, now):
                 continue
             while request.next_item < len(request.items):
                 if len(batch) >= self.config.max_batch_size:
@@ -279,12 +279,16 @@ class Batcher:
             QUEUE_SECONDS.observe(now - request.enqueued)
         return batch
 
-    def _drop_if_stale(self, request: _Request, now: float) -> bool:
-        stale = now - request.enqueued > self.config.queue_timeout_s
+    def _drop_if_abandoned(self, request: _Request, now: float) -> bool:
+        """Drop the head request's items not yet in a batch when nobody waits for them: its caller went away (its
+        future cancelled) or already has an answer (an error from one of its batches), even part-way through it, so
+        that a dead caller's 3,000 items stop taking the model from the callers behind it; or it waited past
+        queue_timeout_s before any of its items were taken (then it fails with QueueTimeout)."""
+        stale = request.next_item == 0 and now - request.enqueued > self.config.queue_timeout_s
         if not (stale or request.future.done()):
             return False
         self._queue.popleft()
-        self._queued_items -= len(request.items)
+        self._queued_items -= len(request.items) - request.next_item  # those in a batch are counted off as answered
         QUEUED_ITEMS.set(self._queued_items)
         if stale and not request.future.done():
             REJECTED.labels("queue_timeout").inc()
