@@ -724,8 +724,7 @@ def main() -> None:
             sweeps[name].append({"setting": setting, "items_per_s": reading, "readings": [reading]})
             print(f"reward_http: sweep {index + 1}/{len(swept)} {name} {setting_label(setting)}: "
                   f"{result['items_per_s']:.0f} items/s", file=sys.stderr)
-        # One reading of 3 s can be a lucky minute: each server's --confirm best settings are read again (one
-        # shuffled order), and the best is the one of the highest mean of its readings.
+        # The --confirm best settings of each server read again (module docstring: why), in one shuffled order.
         confirming = [(name, entry) for name in running for entry in top_settings(sweeps[name], args.confirm)]
         random.Random(1).shuffle(confirming)
         for index, (name, entry) in enumerate(confirming):

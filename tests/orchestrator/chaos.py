@@ -311,24 +311,26 @@ def _kill_inside(train: Train, run_dir: Path, kill: Kill, timeout_s: float = 300
             # waits for the next job of that stage.
             victim.send_signal(signal.SIGSTOP)
             time.sleep(FREEZE_S)
-            try:
-                still_running = store.hget(status_key, job) == record
-            except redis.ConnectionError:
-                still_running = False
-            if not still_running:
+            if not _status_unchanged(store, status_key, job, record, if_unreachable=False):
                 victim.send_signal(signal.SIGCONT)
                 continue
             victim.send_signal(signal.SIGKILL)
-            try:
-                unchanged = store.hget(status_key, job) == record
-            except redis.ConnectionError:  # the CLI took its Redis with it: no worker can have moved the job on
-                unchanged = kill.target == "cli"
-            kill.inside = job if unchanged else None
+            # Redis unreachable after the kill: the CLI took its Redis with it, and no worker can have moved the job on
+            kill.inside = job if _status_unchanged(store, status_key, job, record,
+                                                   if_unreachable=kill.target == "cli") else None
             return victim
         return None
     finally:
         store.close()
         shutil.rmtree(link.parent)
+
+
+def _status_unchanged(store: redis.Redis, status_key: str, job: str, record: str, if_unreachable: bool) -> bool:
+    """Whether `job`'s status record is still `record`; `if_unreachable` when Redis does not answer."""
+    try:
+        return store.hget(status_key, job) == record
+    except redis.ConnectionError:
+        return if_unreachable
 
 
 def _running_since(record: str, since: float) -> bool:
