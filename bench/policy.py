@@ -183,7 +183,7 @@ def main() -> None:
 
             def train_remote(step: int) -> float:
                 start = time.perf_counter()
-                client.train("bench", step, rollout, rewards, args.n)
+                client.train("bench", step, rollout, rewards, args.n, reply.version)
                 return time.perf_counter() - start
 
             train_local(-1)  # warm-up

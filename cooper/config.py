@@ -659,8 +659,9 @@ class RunConfig(StrictModel):
     policy service generates step t while it trains step t-1, from a copy of the weights of its own (a second
     process with the transformers engine; vLLM's engine with vLLM). The update then recomputes pi_old with the
     trainer's current weights and weights each token by min(pi_old / pi_sampled, policy.grpo.rollout_is_cap), the
-    sampled log-probs being the ones Generate returned (AReaL's decoupled PPO objective); the cap is 2.0 when unset.
-    Each step still scores with VerifyRM v_t (the reward side keeps its order). docs/training.md, "Rollouts ahead
+    sampled log-probs being the ones Generate returned: truncated importance sampling (verl's TIS; AReaL's decoupled
+    objective drops the tokens over the cap instead); the cap is 2.0 when unset. The policy refuses a Train whose
+    rollout is more than k versions behind its trainer, or behind it without log-probs. Each step still scores with VerifyRM v_t (the reward side keeps its order). docs/training.md, "Rollouts ahead
     of training"."""
 
 

@@ -335,7 +335,12 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     # whose disagreement with the verifier is what tells the alarm when to clear.
     if orders.verifier_reward:
         rewards, source = verifier_rewards(ctx.verification(step)), "verifier"
-    reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n)
+    try:
+        reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n, sampled)
+    except grpc.RpcError as err:  # a rollout the trainer refuses (too stale): no retry will make it fresher
+        if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        raise InconsistentRun(f"{job}: {err.details()}") from None
     expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
             "reward_source": source}

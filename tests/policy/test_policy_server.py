@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from cooper.config import CooperConfig, PolicyConfig
+from cooper.protos.common.v1 import common_pb2
+from cooper.protos.policy.v1 import policy_pb2
 from cooper.services.policy.client import PolicyClient
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.server import build_service
@@ -77,12 +79,12 @@ def test_generate_train_replay_save_and_resume(serve: Callable[[PolicyConfig], S
     assert [list(c.token_ids) for c in again.completions] == [list(c.token_ids) for c in reply.completions]
 
     rewards = [1.0, 0.0, 0.0, 0.0, 0.5, 1.0]
-    first = client.train("run-a", 1, reply.completions, rewards, group_size=3)
+    first = client.train("run-a", 1, reply.completions, rewards, group_size=3, sampled_version=0)
     assert first.version == 1 and not first.replayed
     assert {"loss", "policy_loss", "kl", "clip_fraction", "grad_norm", "entropy", "response_length", "lr"} <= set(
         first.metrics)
     weights = {n: p.detach().clone() for n, p in served.core.model.named_parameters()}
-    repeat = client.train("run-a", 1, reply.completions, rewards, group_size=3)
+    repeat = client.train("run-a", 1, reply.completions, rewards, group_size=3, sampled_version=0)
     assert repeat.replayed and repeat.version == 1 and dict(repeat.metrics) == dict(first.metrics)
     assert all(torch.equal(p, weights[n]) for n, p in served.core.model.named_parameters())  # nothing applied
 
@@ -103,9 +105,10 @@ def test_generate_train_replay_save_and_resume(serve: Callable[[PolicyConfig], S
     assert all(torch.equal(p, weights[n]) for n, p in resumed.core.model.named_parameters())
     assert resumed.core.trainer.updates == 1 and resumed.core.trainer.optimizer.state
     assert resumed.client.info().version == 1
-    replay = resumed.client.train("run-a", 1, reply.completions, rewards, group_size=3)
+    replay = resumed.client.train("run-a", 1, reply.completions, rewards, group_size=3, sampled_version=0)
     assert replay.replayed and replay.version == 1 and dict(replay.metrics) == pytest.approx(dict(first.metrics))
-    second = resumed.client.train("run-a", 2, reply.completions, rewards, group_size=3)
+    fresh = resumed.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=5)
+    second = resumed.client.train("run-a", 2, fresh.completions, rewards, group_size=3, sampled_version=fresh.version)
     assert second.version == 2 and not second.replayed
 
 
@@ -115,7 +118,8 @@ def test_a_graceful_stop_saves_unsaved_updates(serve: Callable[[PolicyConfig], S
     cfg = make_config(tmp_path / "ckpt", save_every=0, journal=False)
     served = serve(cfg)
     reply = served.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=4)
-    served.client.train("run-a", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
+    served.client.train("run-a", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3,
+                         sampled_version=0)
     weights = {n: p.detach().clone() for n, p in served.core.model.named_parameters()}
     served.close()  # service.stop(): drain, then the shutdown hook
     resumed = serve(cfg)
@@ -126,7 +130,8 @@ def test_a_graceful_stop_saves_unsaved_updates(serve: Callable[[PolicyConfig], S
 
     off = make_config(tmp_path / "off", save_every=0, journal=False, save_on_stop=False)
     served = serve(off)
-    served.client.train("run-b", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3)
+    served.client.train("run-b", 1, reply.completions, [1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3,
+                         sampled_version=0)
     served.close()
     assert not (tmp_path / "off").exists() or not list((tmp_path / "off").iterdir())
 
@@ -139,11 +144,17 @@ def test_bad_requests_are_invalid_argument(serve: Callable[[PolicyConfig], Serve
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n must" in err.value.details()
     rollout = client.generate(PROMPTS, n=2, max_new_tokens=4).completions
     with pytest.raises(grpc.RpcError) as err:
-        client.train("run", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=1)
+        client.train("run", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=1, sampled_version=0)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at least 2" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
-        client.train("", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=2)
+        client.train("", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=2, sampled_version=0)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "idempotency key" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # a Train that does not say which version sampled its rollout
+        client.stub.Train(policy_pb2.TrainRequest(key=common_pb2.IdempotencyKey(run_id="run", step=1), group_size=2))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampled_version" in err.value.details()
+    with pytest.raises(grpc.RpcError) as err:  # sampled by a version the trainer has not made
+        client.train("run", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=2, sampled_version=1)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not made yet" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         client.restore("run", 1, at_most_version=-1)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at_most_version" in err.value.details()

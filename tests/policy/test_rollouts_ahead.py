@@ -9,13 +9,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from cooper.config import PolicyConfig
 from cooper.runtime.durability import JOURNAL_DIR
 from cooper.runtime.journal import UpdateJournal
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
-from cooper.services.policy.errors import VersionNotHeld
+from cooper.services.policy.errors import StaleRollout, VersionNotHeld
 from cooper.services.policy.trainer import RolloutSample
 
 PROMPTS = ["What is 2+3?", "Add 4 and 5."]
@@ -35,6 +36,29 @@ def _train(core: PolicyCore, step: int) -> None:
     groups, _ = core.generate(PROMPTS, _sampling(1000 + step), core.version)
     samples = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
     core.train(f"ahead/{step}", samples, [float((step + i) % 3 == 0) for i in range(len(samples))], group_size=4)
+
+
+def _rollout(core: PolicyCore, seed: int, version: int) -> list[RolloutSample]:
+    groups, sampled = core.generate(PROMPTS, _sampling(seed), version)
+    assert sampled == version
+    return [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for g in groups for c in g]
+
+
+REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+
+
+def _truncated_is_weights(model: torch.nn.Module, samples: list[RolloutSample], cap: float) -> list[float]:
+    """min(pi_model / pi_sampled, cap) of every completion token, from a plain forward pass per completion: the
+    weights the update should use, computed without any of the trainer's code."""
+    weights: list[float] = []
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.prompt_token_ids + s.completion_token_ids])
+            logits = model(input_ids=ids).logits[0, len(s.prompt_token_ids) - 1 : -1]  # the logits predicting each
+            logp = torch.log_softmax(logits.float(), -1)[torch.arange(len(s.completion_token_ids)),
+                                                         torch.tensor(s.completion_token_ids)]
+            weights += (logp - torch.tensor(s.rollout_logprobs)).exp().clamp(max=cap).tolist()
+    return weights
 
 
 @pytest.fixture
@@ -105,3 +129,47 @@ def test_a_restarted_service_rebuilds_the_version_behind_its_trainer(cores: Call
     assert _tokens(resumed, 5, version=3) == before
     with pytest.raises(VersionNotHeld):
         resumed.generate(PROMPTS, _sampling(0), 2)
+
+
+def test_a_rollout_behind_the_trainer_is_trained_with_truncated_importance_weights(
+        cores: Callable[..., PolicyCore]) -> None:
+    cap = 1.2  # low enough that one update at lr 1e-2 moves some tokens' ratio past it
+    ahead = cores("ahead", 1, grpo={"rollout_is_cap": cap})
+    stale = _rollout(ahead, 7, version=0)
+    _train(ahead, 0)  # the trainer moves on to version 1 before the rollout of version 0 is trained on
+    expected = _truncated_is_weights(ahead.model, stale, cap)
+    assert any(abs(w - 1) > 0.01 for w in expected)  # the weights really differ from 1 here
+    metrics = ahead.train("ahead/stale", stale, REWARDS, group_size=4, sampled_version=0).metrics
+    assert ahead.version == 2
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-5)
+    capped = sum(w >= cap for w in expected) / len(expected)
+    assert 0 < capped < 1 and metrics["rollout/is_capped_fraction"] == pytest.approx(capped, abs=1e-9)
+    # The same completions sampled by the trainer's own version: every weight is 1.
+    fresh = _rollout(ahead, 7, version=2)
+    assert ahead.train("ahead/fresh", fresh, REWARDS, group_size=4, sampled_version=2).metrics[
+        "rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_trainer_refuses_a_rollout_too_stale_or_stale_without_its_logprobs(
+        cores: Callable[..., PolicyCore]) -> None:
+    ahead, synchronous = cores("ahead", 1, grpo={"rollout_is_cap": 2.0}), cores("sync", 0)
+    two_behind = _rollout(ahead, 7, version=0)
+    _train(ahead, 0)
+    one_behind = _rollout(ahead, 8, version=1)
+    _train(ahead, 1)
+    weights = {n: p.detach().clone() for n, p in ahead.model.named_parameters()}
+    with pytest.raises(StaleRollout, match=r"version 0, 2 versions behind the trainer's version 2; "
+                                           r"run.max_staleness=1 allows at most 1"):
+        ahead.train("refused/0", two_behind, REWARDS, group_size=4, sampled_version=0)
+    bare = [RolloutSample(s.prompt_token_ids, s.completion_token_ids) for s in one_behind]
+    with pytest.raises(StaleRollout, match="8 of its 8 completions have no sampling log-probs"):
+        ahead.train("refused/1", bare, REWARDS, group_size=4, sampled_version=1)
+    with pytest.raises(StaleRollout, match="version 3, but the trainer is at version 2: a version not made yet"):
+        ahead.train("refused/2", one_behind, REWARDS, group_size=4, sampled_version=3)
+    assert ahead.version == 2 and ahead.last_key == "ahead/1"  # nothing was applied
+    assert all(torch.equal(p, weights[n]) for n, p in ahead.model.named_parameters())
+    assert ahead.train("accepted", one_behind, REWARDS, group_size=4, sampled_version=1).version == 3
+
+    _train(synchronous, 0)
+    with pytest.raises(StaleRollout, match="run.max_staleness=0 allows at most 0"):
+        synchronous.train("refused/3", two_behind, REWARDS, group_size=4, sampled_version=0)

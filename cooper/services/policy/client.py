@@ -58,14 +58,16 @@ class PolicyClient(ServiceClient):
         rollout: Sequence[Completion],
         rewards: Sequence[float],
         group_size: int,
+        sampled_version: int,
     ) -> TrainResult:
-        """One GRPO update; retrying the same (run_id, step) returns the recorded result (`replayed`)."""
+        """One GRPO update on a rollout that policy version `sampled_version` sampled; retrying the same
+        (run_id, step) returns the recorded result (`replayed`)."""
         request = policy_pb2.TrainRequest(
             key=common_pb2.IdempotencyKey(run_id=run_id, step=step),
             rollout=[policy_pb2.Completion(prompt_id=c.prompt_id, index=c.index, text=c.text, token_ids=c.token_ids,
                                            logprobs=c.logprobs, finish_reason=c.finish_reason,
                                            prompt_token_ids=c.prompt_token_ids) for c in rollout],
-            rewards=list(rewards), group_size=group_size,
+            rewards=list(rewards), group_size=group_size, sampled_version=sampled_version,
         )
         reply = self.call(self.stub.Train, request)
         return TrainResult(dict(reply.metrics), reply.version, reply.replayed)

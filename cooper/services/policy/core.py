@@ -48,6 +48,7 @@ from cooper.services.policy.errors import (
     NotOffered,
     RankFailure,
     RanksRestarted,
+    StaleRollout,
     VersionNotHeld,
 )
 from cooper.services.policy.messages import RestoreResult, TrainResult
@@ -288,9 +289,11 @@ class PolicyCore:
                 return [], self.version
             return self.engine.generate(list(prompts), sampling), self.version
 
-    def train(self, key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
-              ) -> TrainResult:
-        """Apply one GRPO update for `key`, or return the recorded result if `key` was applied before."""
+    def train(self, key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int,
+              sampled_version: int | None = None) -> TrainResult:
+        """Apply one GRPO update for `key`, or return the recorded result if `key` was applied before.
+        `sampled_version`: the policy version that sampled the rollout (None: the trainer's own, as in-process
+        callers that sample and train in turn); StaleRollout when it is not one this trainer may train on."""
         if not key:
             raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
         with self._lock:
@@ -300,6 +303,7 @@ class PolicyCore:
                     raise ValueError(f"key {key!r} was a Restore's; give the Train a key of its own")
                 return TrainResult(dict(recorded["metrics"]), int(recorded["version"]), True)
             self._check_rollout(samples, rewards, group_size)
+            self._check_staleness(samples, self.version if sampled_version is None else sampled_version)
             try:
                 if self.sampler:  # rollouts still to come may sample this version after the update leaves it
                     self.sampler.keep(self.version, self.model)
@@ -371,6 +375,30 @@ class PolicyCore:
             if version <= at_most_version and not any(first <= version <= last for first, last in self.abandoned):
                 return path, version
         return None, 0
+
+    def _check_staleness(self, samples: Sequence[RolloutSample], sampled_version: int) -> None:
+        """StaleRollout unless a rollout sampled by `sampled_version` may be trained on now.
+        A rollout behind the trainer is trained with each token weighted by min(pi_old / pi_sampled, cap)
+        (trainer.py), so it needs every completion's sampling log-probs: without them the update would silently
+        treat it as sampled by the current weights (weight 1)."""
+        behind = self.version - sampled_version
+        if behind < 0:
+            raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, but the trainer is at "
+                               f"version {self.version}: a version not made yet")
+        if behind > self.behind:
+            raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, {behind} versions behind "
+                               f"the trainer's version {self.version}; run.max_staleness={self.behind} allows at "
+                               f"most {self.behind}")
+        if behind:
+            missing = sum(not s.has_rollout_logprobs for s in samples)
+            if missing:
+                raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, behind the trainer's "
+                                   f"version {self.version}, and {missing} of its {len(samples)} completions have no "
+                                   "sampling log-probs (one per token): the importance correction needs them; send "
+                                   "the completions as Generate returned them")
+            if self.cfg.grpo.rollout_is_cap is None:
+                raise StaleRollout("a rollout behind the trainer needs policy.grpo.rollout_is_cap (the importance "
+                                   "correction's cap); run.max_staleness > 0 sets it to 2.0 when unset")
 
     def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
         if group_size < 2:

@@ -25,3 +25,9 @@ class NotOffered(RuntimeError):
 class VersionNotHeld(RuntimeError):
     """Generate asked for a policy version the service does not hold (neither its current one nor, with
     run.max_staleness, one of the versions it keeps behind it); servers answer FAILED_PRECONDITION."""
+
+
+class StaleRollout(RuntimeError):
+    """Train got a rollout it must not train on as it stands: sampled more than run.max_staleness versions behind
+    the trainer, by a version the trainer has not made yet, or behind the trainer without the sampling log-probs the
+    importance correction needs. Nothing is applied; servers answer FAILED_PRECONDITION."""

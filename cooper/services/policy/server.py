@@ -25,7 +25,7 @@ from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
-from cooper.services.policy.errors import GroupLost, NotOffered, RanksRestarted, VersionNotHeld
+from cooper.services.policy.errors import GroupLost, NotOffered, RanksRestarted, StaleRollout, VersionNotHeld
 from cooper.services.policy.trainer import RolloutSample
 
 log = logging.getLogger("cooper.policy")
@@ -62,7 +62,7 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
                 self.on_group_lost(str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
-        except (NotOffered, VersionNotHeld) as err:
+        except (NotOffered, StaleRollout, VersionNotHeld) as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
             raise AssertionError("unreachable") from err
         except EngineError as err:
@@ -89,10 +89,13 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
 
     async def Train(self, request: policy_pb2.TrainRequest, context: grpc.aio.ServicerContext
                     ) -> policy_pb2.TrainResponse:
+        if not request.HasField("sampled_version"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Train needs sampled_version: the policy version "
+                                "that sampled the rollout (GenerateResponse.version)")
         samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids), list(c.logprobs) or None)
                    for c in request.rollout]
         result = await self._run(context, self.core.train, idempotency_key(request.key.run_id, request.key.step), samples,
-                                 list(request.rewards), request.group_size)
+                                 list(request.rewards), request.group_size, request.sampled_version)
         return policy_pb2.TrainResponse(metrics=result.metrics, version=result.version, replayed=result.replayed)
 
     async def Info(self, request: policy_pb2.InfoRequest, context: grpc.aio.ServicerContext

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from cooper.protos.common.v1 import common_pb2 as cooper_dot_protos_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cooper/protos/policy/v1/policy.proto\x12\x10\x63ooper.policy.v1\x1a$cooper/protos/common/v1/common.proto\"\"\n\x06Prompt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"m\n\x08Sampling\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\"\x8c\x01\n\x0fGenerateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.cooper.policy.v1.Prompt\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.cooper.policy.v1.Sampling\x12\x14\n\x07version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"\x92\x01\n\nCompletion\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\"V\n\x10GenerateResponse\x12\x31\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1c.cooper.policy.v1.Completion\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x91\x01\n\x0cTrainRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12-\n\x07rollout\x18\x02 \x03(\x0b\x32\x1c.cooper.policy.v1.Completion\x12\x0f\n\x07rewards\x18\x03 \x03(\x01\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\"\xa1\x01\n\rTrainResponse\x12=\n\x07metrics\x18\x01 \x03(\x0b\x32,.cooper.policy.v1.TrainResponse.MetricsEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08replayed\x18\x03 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\r\n\x0bInfoRequest\"\x88\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nparameters\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x10\n\x08last_key\x18\x06 \x01(\t\x12\x12\n\ncheckpoint\x18\x07 \x01(\t\"X\n\x0eRestoreRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12\x17\n\x0f\x61t_most_version\x18\x02 \x01(\x03\"b\n\x0fRestoreResponse\x12\x18\n\x10restored_version\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\ncheckpoint\x18\x03 \x01(\t\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x32\x83\x03\n\x06Policy\x12Q\n\x08Generate\x12!.cooper.policy.v1.GenerateRequest\x1a\".cooper.policy.v1.GenerateResponse\x12H\n\x05Train\x12\x1e.cooper.policy.v1.TrainRequest\x1a\x1f.cooper.policy.v1.TrainResponse\x12\x45\n\x04Info\x12\x1d.cooper.policy.v1.InfoRequest\x1a\x1e.cooper.policy.v1.InfoResponse\x12\x45\n\x04Save\x12\x1d.cooper.common.v1.SaveRequest\x1a\x1e.cooper.common.v1.SaveResponse\x12N\n\x07Restore\x12 .cooper.policy.v1.RestoreRequest\x1a!.cooper.policy.v1.RestoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$cooper/protos/policy/v1/policy.proto\x12\x10\x63ooper.policy.v1\x1a$cooper/protos/common/v1/common.proto\"\"\n\x06Prompt\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\"m\n\x08Sampling\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x03\"\x8c\x01\n\x0fGenerateRequest\x12)\n\x07prompts\x18\x01 \x03(\x0b\x32\x18.cooper.policy.v1.Prompt\x12,\n\x08sampling\x18\x02 \x01(\x0b\x32\x1a.cooper.policy.v1.Sampling\x12\x14\n\x07version\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\n\n\x08_version\"\x92\x01\n\nCompletion\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x05\"V\n\x10GenerateResponse\x12\x31\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x1c.cooper.policy.v1.Completion\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xc3\x01\n\x0cTrainRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12-\n\x07rollout\x18\x02 \x03(\x0b\x32\x1c.cooper.policy.v1.Completion\x12\x0f\n\x07rewards\x18\x03 \x03(\x01\x12\x12\n\ngroup_size\x18\x04 \x01(\x05\x12\x1c\n\x0fsampled_version\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\x12\n\x10_sampled_version\"\xa1\x01\n\rTrainResponse\x12=\n\x07metrics\x18\x01 \x03(\x0b\x32,.cooper.policy.v1.TrainResponse.MetricsEntry\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08replayed\x18\x03 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\r\n\x0bInfoRequest\"\x88\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\nparameters\x18\x03 \x01(\x03\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x12\x10\n\x08last_key\x18\x06 \x01(\t\x12\x12\n\ncheckpoint\x18\x07 \x01(\t\"X\n\x0eRestoreRequest\x12-\n\x03key\x18\x01 \x01(\x0b\x32 .cooper.common.v1.IdempotencyKey\x12\x17\n\x0f\x61t_most_version\x18\x02 \x01(\x03\"b\n\x0fRestoreResponse\x12\x18\n\x10restored_version\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x12\n\ncheckpoint\x18\x03 \x01(\t\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x32\x83\x03\n\x06Policy\x12Q\n\x08Generate\x12!.cooper.policy.v1.GenerateRequest\x1a\".cooper.policy.v1.GenerateResponse\x12H\n\x05Train\x12\x1e.cooper.policy.v1.TrainRequest\x1a\x1f.cooper.policy.v1.TrainResponse\x12\x45\n\x04Info\x12\x1d.cooper.policy.v1.InfoRequest\x1a\x1e.cooper.policy.v1.InfoResponse\x12\x45\n\x04Save\x12\x1d.cooper.common.v1.SaveRequest\x1a\x1e.cooper.common.v1.SaveResponse\x12N\n\x07Restore\x12 .cooper.policy.v1.RestoreRequest\x1a!.cooper.policy.v1.RestoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,19 +45,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATERESPONSE']._serialized_start=535
   _globals['_GENERATERESPONSE']._serialized_end=621
   _globals['_TRAINREQUEST']._serialized_start=624
-  _globals['_TRAINREQUEST']._serialized_end=769
-  _globals['_TRAINRESPONSE']._serialized_start=772
-  _globals['_TRAINRESPONSE']._serialized_end=933
-  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_start=887
-  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_end=933
-  _globals['_INFOREQUEST']._serialized_start=935
-  _globals['_INFOREQUEST']._serialized_end=948
-  _globals['_INFORESPONSE']._serialized_start=951
-  _globals['_INFORESPONSE']._serialized_end=1087
-  _globals['_RESTOREREQUEST']._serialized_start=1089
-  _globals['_RESTOREREQUEST']._serialized_end=1177
-  _globals['_RESTORERESPONSE']._serialized_start=1179
-  _globals['_RESTORERESPONSE']._serialized_end=1277
-  _globals['_POLICY']._serialized_start=1280
-  _globals['_POLICY']._serialized_end=1667
+  _globals['_TRAINREQUEST']._serialized_end=819
+  _globals['_TRAINRESPONSE']._serialized_start=822
+  _globals['_TRAINRESPONSE']._serialized_end=983
+  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_start=937
+  _globals['_TRAINRESPONSE_METRICSENTRY']._serialized_end=983
+  _globals['_INFOREQUEST']._serialized_start=985
+  _globals['_INFOREQUEST']._serialized_end=998
+  _globals['_INFORESPONSE']._serialized_start=1001
+  _globals['_INFORESPONSE']._serialized_end=1137
+  _globals['_RESTOREREQUEST']._serialized_start=1139
+  _globals['_RESTOREREQUEST']._serialized_end=1227
+  _globals['_RESTORERESPONSE']._serialized_start=1229
+  _globals['_RESTORERESPONSE']._serialized_end=1327
+  _globals['_POLICY']._serialized_start=1330
+  _globals['_POLICY']._serialized_end=1717
 # @@protoc_insertion_point(module_scope)

@@ -68,16 +68,18 @@ class GenerateResponse(_message.Message):
     def __init__(self, completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("key", "rollout", "rewards", "group_size")
+    __slots__ = ("key", "rollout", "rewards", "group_size", "sampled_version")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_VERSION_FIELD_NUMBER: _ClassVar[int]
     key: _common_pb2.IdempotencyKey
     rollout: _containers.RepeatedCompositeFieldContainer[Completion]
     rewards: _containers.RepeatedScalarFieldContainer[float]
     group_size: int
-    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., rollout: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., group_size: _Optional[int] = ...) -> None: ...
+    sampled_version: int
+    def __init__(self, key: _Optional[_Union[_common_pb2.IdempotencyKey, _Mapping]] = ..., rollout: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., group_size: _Optional[int] = ..., sampled_version: _Optional[int] = ...) -> None: ...
 
 class TrainResponse(_message.Message):
     __slots__ = ("metrics", "version", "replayed")
