@@ -32,73 +32,21 @@ import time
 
 import torch
 
-from cooper.config import DataConfig
-from cooper.dataset_formats import last_boxed
 from cooper.services.reward.items import ScoreItem
-from cooper.tiny import warm_start
-from cooper.tiny.task import Problem, make_split
+from cooper.tiny import quality, warm_start
+from cooper.tiny.quality import Sample, auroc
 
 
-def policy_samples(prompts: int, k: int) -> list[tuple[Problem, str, bool]]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = warm_start.tiny_sft_policy_dir()
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(source).eval()
-    template = DataConfig().prompt_template
-    problems, samples = make_split(prompts, 3, "train"), []
-    torch.manual_seed(0)
-    for start in range(0, len(problems), 64):
-        chunk = problems[start : start + 64]
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": template.replace("{question}",
-                 p.question)}], tokenize=False, add_generation_prompt=True) for p in chunk]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.inference_mode():
-            out = model.generate(**encoded, do_sample=True, temperature=1.0, max_new_tokens=40,
-                                 num_return_sequences=k, pad_token_id=tokenizer.pad_token_id)
-        completions = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-        for index, text in enumerate(completions):
-            problem = chunk[index // k]
-            boxed = last_boxed(text)
-            samples.append((problem, text, boxed is not None and boxed.strip() == problem.answer))
-    return samples
+def policy_samples(prompts: int, k: int) -> list[Sample]:
+    return quality.policy_samples(warm_start.tiny_sft_policy_dir(), prompts, k)
 
 
-def auroc(scores: list[float], labels: list[bool]) -> float | None:
-    """None when every sample is right, or every one wrong: there is nothing to rank."""
-    right = [s for s, label in zip(scores, labels, strict=True) if label]
-    wrong = [s for s, label in zip(scores, labels, strict=True) if not label]
-    if not right or not wrong:
-        return None
-    return sum((a > b) + 0.5 * (a == b) for a in right for b in wrong) / (len(right) * len(wrong))
-
-
-def by_form(samples: list[tuple[Problem, str, bool]], scores: list[float]) -> dict[str, object]:
-    """Mean score per answer form (bare or worked) and right or wrong, each form's mean, and the bare share."""
-    groups: dict[tuple[str, bool], list[float]] = {}
-    for (_, text, right), score in zip(samples, scores, strict=True):
-        form = "bare" if text.strip().startswith("The answer is") else "worked"
-        groups.setdefault((form, right), []).append(score)
-    out: dict[str, object] = {f"{form}/{'right' if right else 'wrong'}": {"n": len(v), "mean": round(sum(v) / len(v), 4)}
-                              for (form, right), v in sorted(groups.items())}
-    for form in ("bare", "worked"):
-        values = [x for (f, _), v in groups.items() if f == form for x in v]
-        out[f"{form}_mean"] = round(sum(values) / len(values), 4) if values else None
-    out["bare_share"] = round(sum(len(v) for (f, _), v in groups.items() if f == "bare") / len(samples), 4)
-    return out
-
-
-def score_existing(name: str, samples: list[tuple[Problem, str, bool]]) -> dict[str, object]:
-    from cooper.config import OptimConfig
+def score_existing(name: str, samples: list[Sample]) -> dict[str, object]:
     from cooper.runtime.models import resolve_model
-    from cooper.services.reward.verify_rm import VerifyRM
 
-    rm = VerifyRM.load(resolve_model(name, "reward"), OptimConfig(), max_length=256, device="cpu", dtype="float32")
-    scores = [s for s, _ in rm.score([ScoreItem(p.question, p.answer, text) for p, text, _ in samples])]
-    ranked = auroc(scores, [right for _, _, right in samples])
-    return {"auroc": None if ranked is None else round(ranked, 4), "mean": round(sum(scores) / len(scores), 4),
-            **by_form(samples, scores)}
+    measured = quality.reward_model_quality(resolve_model(name, "reward"), samples)
+    measured.pop("auroc_worked")
+    return measured
 
 
 def main() -> None:

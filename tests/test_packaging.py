@@ -42,6 +42,15 @@ def test_the_wheel_holds_every_preset(wheel):
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "the license text is not in the wheel"
 
 
+def test_the_wheel_holds_the_shipped_tiny_models(wheel):
+    from cooper.tiny.models import SHIPPED
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = [p.relative_to(ROOT).as_posix() for p in SHIPPED.rglob("*") if p.is_file()]
+    assert any(p.endswith("policy-sft/model.safetensors") for p in shipped)
+    assert [p for p in shipped if p not in names] == []
+
+
 def test_the_installed_package_finds_the_default_preset_from_an_empty_directory(wheel, tmp_path):
     site = tmp_path / "site-packages"
     zipfile.ZipFile(wheel).extractall(site)

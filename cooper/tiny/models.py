@@ -1,21 +1,34 @@
-"""Tiny tokenizer and Qwen2-architecture models, built on the spot and cached on disk.
+"""Tiny tokenizer and Qwen2-architecture models: shipped with the package, or built on the spot and cached on disk.
 
 They are saved with `save_pretrained` and loaded back with the same `from_pretrained` code that loads hub models,
-so the real loading path is what tests exercise. Builds go through cooper.runtime.models.build_once (a temp
-directory renamed into place), so several processes may ask for them at once. cooper/tiny/__init__.py registers
-their names with cooper.runtime.models.
+so the real loading path is what tests exercise. cooper/tiny/__init__.py registers their names with
+cooper.runtime.models.
+
+The models the presets and tests use are shipped built (cooper/tiny/shipped/<TINY_VERSION>/, about 5 MB, written by
+`python -m cooper.tiny.ship`), because float kernels differ between CPU kinds: the same builder run on two machines
+gives two different SFT policies and VerifyRMs, and a training result follows its starting models (docs/experiments.md).
+Shipped, every machine starts from the same weights. A name the shipped set lacks (`small`), or any name inside
+`building_locally()`, is built here instead, through cooper.runtime.models.build_once (a temp directory renamed into
+place, so several processes may ask for it at once) into the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cooper.runtime.models import build_once, cache_root
 from cooper.tiny.task import make_split, wrong_solution
 
-TINY_VERSION = "v8"  # bump when a builder or the prompt changes, so caches are not reused (v8: RM negatives)
+TINY_VERSION = "v9"  # bump when a builder or the prompt changes, so caches are not reused (v9: RM pretrained until
+# it has learned the reference check)
+SHIPPED = Path(__file__).parent / "shipped" / TINY_VERSION
+"""The built models that ship with the package, one directory per name, and manifest.json saying how they were built
+and what they measure; `python -m cooper.tiny.ship` writes it."""
+_build_here = False
 VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -24,8 +37,28 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 
+def shipped_names() -> list[str]:
+    """The names of the built models shipped with this TINY_VERSION (none when the package has no shipped set)."""
+    manifest = SHIPPED / "manifest.json"
+    return sorted(json.loads(manifest.read_text())["models"]) if manifest.is_file() else []
+
+
+@contextlib.contextmanager
+def building_locally() -> Iterator[None]:
+    """Inside it, every tiny model is built on this machine (into the cache) instead of taken from the shipped set:
+    how `python -m cooper.tiny.ship` makes the set, and how the tests check that a rebuild still measures up."""
+    global _build_here
+    before, _build_here = _build_here, True
+    try:
+        yield
+    finally:
+        _build_here = before
+
+
 def build_tiny(name: str, build: Callable[[Path], None]) -> Path:
-    """The tiny preset's model `name`, built once into the cache of this TINY_VERSION."""
+    """The tiny preset's model `name`: the shipped one, else built once into the cache of this TINY_VERSION."""
+    if not _build_here and name in shipped_names():
+        return SHIPPED / name
     return build_once(cache_root() / "tiny" / TINY_VERSION / name, build)
 
 

@@ -16,6 +16,7 @@ pays bare right answers 0.67 and bare wrong ones 0.08 on average (`bench/rm_pret
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 from cooper.services.reward.items import LabelledTriple
 from cooper.tiny.models import build_tiny, tiny_causal_lm_dir, tiny_hd32_model_dir, tiny_reward_model_dir
 from cooper.tiny.task import bare_answer, carried_error_solution, make_split, wrong_solution
+
+log = logging.getLogger("cooper.tiny")
 
 # 2,000 steps: at 800 (v6's) the two-step worked solutions were right 24% of the time, at 2,000 83% (held-out) and
 # 87% (seen), so a held-out problem is solved about as well as a seen one (docs/experiments.md).
@@ -35,6 +38,14 @@ WRONG_SHARE = 0.0  # worked solutions with a wrong number (v5 used 0.25): none, 
 # With carried-error negatives too and 12 epochs it learns the comparison (a sudden jump after a plateau near 0.6,
 # measured with bench/rm_pretraining.py; docs/experiments.md).
 RM_PROBLEMS, RM_EPOCHS, RM_LR, RM_NEGATIVES = 1500, 12, 1e-3, "mixed"
+# When the check comes depends on the CPU's float kernels: on an AMD EPYC (AVX2) the keyed VerifyRM was still on the
+# plateau after 12 epochs (AUROC 0.55 between right and wrong worked solutions), where another machine's had learned
+# it. So pretraining goes on past RM_EPOCHS, an epoch at a time, until the check is learned (REFERENCE_CHECK_AUROC on
+# held-out probes: worked solutions, right against carried-error wrong) or RM_MAX_EPOCHS have run (v9). Measured there:
+# tiny-rm 1.000 at epoch 12; the keyed one 0.63 at 12, 0.80 at 14, 0.90 at 20, then 0.90-0.91 up to epoch 29 (its
+# bare positives hold it below tiny-rm), hence 0.9. Not for the noisy RM: with a quarter of the labels flipped, more
+# epochs fit the flips (0.63-0.67 from epoch 12 to 24), and it is the alarm's demonstration as v8 made it.
+RM_MAX_EPOCHS, REFERENCE_CHECK_AUROC, REFERENCE_CHECK_PROBES = 32, 0.9, 200
 ANSWERLESS_SHARE = 0.2
 # "tiny-rm-noisy": 25% of its pretraining labels flipped, the label noise Coste et al. (ICLR 2024) needed to see
 # over-optimisation of a proxy RM clearly; taken from the paper, not tuned here. Annotators, human or LLM, disagree
@@ -144,9 +155,29 @@ def pretrained_rm(problems: int = RM_PROBLEMS, negatives: str = RM_NEGATIVES, ep
     # One epoch per AdamW, restarted each epoch (warm restarts). The reference check is learned suddenly, after a
     # plateau at AUROC ~0.6: with restarts it came by epoch 10 (mixed negatives); one AdamW over all epochs was
     # still on the plateau at epoch 26 (docs/experiments.md).
-    for epoch in range(epochs):
+    for epoch in range(epochs if label_noise else max(epochs, RM_MAX_EPOCHS)):
         rm.pretrain(triples, epochs=1, lr=RM_LR, batch_size=32, seed=epoch + 1)
+        if epoch + 1 >= epochs and not label_noise:
+            check = reference_check(rm)
+            log.info("VerifyRM pretraining: epoch %d, reference check AUROC %.3f", epoch + 1, check)
+            if check >= REFERENCE_CHECK_AUROC:
+                break
     return rm
+
+
+def reference_check(rm: Any) -> float:
+    """AUROC of `rm` between right worked solutions and wrong ones whose error is carried through consistently (only
+    a comparison with the reference rejects them), on problems of a split no pretraining example comes from."""
+    from cooper.services.reward.items import ScoreItem
+    from cooper.tiny.quality import auroc
+
+    rng, items, labels = random.Random(4), [], []
+    for p in make_split(REFERENCE_CHECK_PROBES, 4, "probe"):
+        items += [ScoreItem(p.question, p.answer, p.solution), ScoreItem(p.question, p.answer,
+                                                                         carried_error_solution(p, rng))]
+        labels += [True, False]
+    ranked = auroc([score for score, _ in rm.score(items)], labels)
+    return 0.0 if ranked is None else ranked
 
 
 def _pretrain_rm(out: Path, label_noise: float = 0.0, answer_key: float = 0.0) -> None:

@@ -68,37 +68,14 @@ def test_every_bench_script_is_tested():
     assert all("bench/" + name in (ROOT / test).read_text() for name, test in RUN_ELSEWHERE.items())
 
 
-@pytest.fixture(scope="module")
-def tiny_preset_models() -> None:
-    """The preset's warm starts, built here rather than inside a script's time limit (the SFT alone takes minutes
-    on a busy 2-core machine); the VerifyRMs' pretraining (tiny-rm, and tiny-rm-keyed, the preset's default) in a
-    second process beside the SFT, each on one thread (one after the other they were 280 s of a fresh suite's 18
-    minutes). The rest of the suite finds them cached."""
-    from cooper.tiny.models import tiny_model_dir, tiny_tokenizer_dir
-    from cooper.tiny.warm_start import tiny_keyed_rm_dir, tiny_pretrained_rm_dir, tiny_sft_policy_dir
-
-    tiny_tokenizer_dir()  # what both builds start from (seconds): built once, not raced
-    tiny_model_dir("causal")
-    tiny_model_dir("reward")
-    rm = subprocess.Popen([sys.executable, "-c", "from cooper.tiny.warm_start import tiny_pretrained_rm_dir, "
-                           "tiny_keyed_rm_dir; tiny_pretrained_rm_dir(); tiny_keyed_rm_dir()"],
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        tiny_sft_policy_dir()
-    finally:
-        assert rm.wait(timeout=1200) == 0, "building the tiny VerifyRMs in a second process failed (output above)"
-    tiny_pretrained_rm_dir()  # cached now: returns at once
-    tiny_keyed_rm_dir()
-
-
-@pytest.mark.timeout(1200)  # the first test builds the warm starts (tiny_preset_models), minutes on a busy machine
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize(("script", "args", "keys"), SCRIPTS)
 def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str], keys: set[str],
-                                                     tmp_path: Path, tiny_preset_models: None) -> None:
+                                                     tmp_path: Path) -> None:
     # In tmp_path: what a script writes under the working directory (runs/) or in temp directories.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=900)  # rollout_mismatch builds its warm start
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     last = done.stdout.strip().splitlines()[-1]
     result = json.loads(last)
