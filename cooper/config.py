@@ -644,14 +644,15 @@ class RunConfig(StrictModel):
     """How many times a local run restarts each service it started when that service dies (it resumes from its
     latest checkpoint, and the run goes on); 0 never restarts. Services at a configured address are never
     restarted by the run: that is their supervisor's job (compose, Kubernetes)."""
-    negatives: Literal["generator", "rollouts"] = "generator"
+    negatives: Literal["generator", "rollouts", "both"] = "generator"
     """Where cooper mode's negatives come from. generator (the paper's recipe): the generator rewrites each prompt's
     positive into a wrong solution (`generator.strategy`). rollouts (a variant, PRIME-style): every completion of the
     same group that the verifier marks INCORRECT or NO_ANSWER is paired with the positive, so VerifyRM is trained on
     exactly what the policy writes now, malformed text included. The verifier then picks negatives, which the paper
     avoids because of its false negatives (correct answers in unusual forms marked INCORRECT); TIMEOUT and ERROR
     verdicts are never used, and a false negative costs one mislabelled pair among many, while a blind spot that the
-    policy exploits costs the run."""
+    policy exploits costs the run. both: the two together, so that a prompt whose rollouts are all right still gives
+    a pair (the generator's) and the pairs do not run out as the policy improves."""
     max_staleness: int = Field(default=0, ge=0)
     """How many versions behind the trainer a rollout may be sampled. 0 (the paper's synchronous GRPO): rollout(t)
     waits for policy_update(t-1) and samples version t. k > 0 (one-step-off-policy when 1, as verl's recipe,

@@ -31,7 +31,7 @@ class RewardMode:
         names = ["verifier", "policy"]
         if self.reward_model_scores:
             names.append("reward")
-        if self.reward_model_learns and negatives == "generator":
+        if self.reward_model_learns and negatives in ("generator", "both"):
             names.append("generator")
         return names
 

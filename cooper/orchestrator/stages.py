@@ -367,23 +367,26 @@ def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: Score
 
 
 def negatives(ctx: StageContext, step: int) -> NegativesResult:
+    """The step's preference pairs, per config.RunConfig.negatives: each prompt's verified positive against its
+    group's verifier-rejected completions (rollouts), against the generator's rewrite of it (generator), or both."""
     ro, ve = ctx.rollout(step), ctx.verification(step)
     positives = verified_positives(ro, ve)
     by_id = prompts_by_id(ro)
-    if ctx.config.run.negatives == "rollouts":
-        # The variant (config.RunConfig.negatives): the group's own verifier-rejected completions are the negatives.
-        pairs = [PairRecord(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
-                            positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-                 for c, v in zip(ro["completions"], ve["verdicts"], strict=True)
-                 if v in ("INCORRECT", "NO_ANSWER") and c["prompt_id"] in positives]
-        return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(positives), "attempts": 0,
-                "rejections": []}
-    items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
-             for pid, text in positives.items()]
-    results = ctx.generator.negatives(items) if items else []
-    pairs = [PairRecord(question=by_id[r.id]["question"], reference=by_id[r.id]["answer"], positive=positives[r.id],
-                        negative=r.negative) for r in results if r.valid]
-    return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(items),
+    source = ctx.config.run.negatives
+    pairs: list[PairRecord] = []
+    if source in ("rollouts", "both"):
+        pairs += [PairRecord(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
+                             positive=positives[c["prompt_id"]], negative=c.get("text", ""))
+                  for c, v in zip(ro["completions"], ve["verdicts"], strict=True)
+                  if v in ("INCORRECT", "NO_ANSWER") and c["prompt_id"] in positives]
+    results = []
+    if source in ("generator", "both") and positives:
+        items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
+                 for pid, text in positives.items()]
+        results = ctx.generator.negatives(items)
+        pairs += [PairRecord(question=by_id[r.id]["question"], reference=by_id[r.id]["answer"],
+                             positive=positives[r.id], negative=r.negative) for r in results if r.valid]
+    return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(positives),
             "attempts": sum(r.attempts for r in results), "rejections": [list(r.rejections) for r in results]}
 
 
