@@ -50,10 +50,11 @@ from cooper.orchestrator.outputs import read_metrics
 HELDOUT_START, HELDOUT = names.TEST_INITIAL + "heldout", names.TEST + "heldout"
 # What AlarmWatch.observe writes into a step's record; the rest of a record's alarm/* keys come from the stages.
 ALARM_FIELDS = (names.ALARM_STATE, names.ALARM_STATISTIC, names.ALARM_THRESHOLD, names.ALARM_EVENT)
-# What HackingAlarm.observe reads (signal_values, exploit_check.step_counts, the absolute check's validation) and
+# What HackingAlarm.observe reads (signal_values, exploit_check.step_groups, the absolute check's validation) and
 # what AlarmWatch.observe writes into its events (the versions and the onset's).
 DETECTOR_FIELDS = (names.STEP, names.RM_AUROC, names.RM_AUROC_SUPPORT, names.REWARD_ACCURACY_GAP,
-                   names.RM_FALSE_POSITIVE_RATE, names.VERIFIER_ACCURACY, names.KL_FROM_INITIAL, names.ROLLOUTS,
+                   names.RM_FALSE_POSITIVE_RATE, names.RM_FALSE_POSITIVES_BY_PROMPT, names.VERIFIER_ACCURACY,
+                   names.KL_FROM_INITIAL, names.ROLLOUTS,
                    names.RM_BENCH_INITIAL_FALSE_POSITIVE_RATE, names.RM_BENCH_INITIAL_NEGATIVES,
                    names.POLICY_VERSION_SAMPLED, names.POLICY_VERSION, names.REWARD_VERSION, names.REWARD_VERSION_USED)
 TRIMMED_FIELDS = (*DETECTOR_FIELDS, *ALARM_FIELDS, names.REWARD_SOURCE, HELDOUT_START, HELDOUT)

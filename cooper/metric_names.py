@@ -38,6 +38,9 @@ RM_AUROC_SUPPORT = "rm_auroc_support"
 """Rollouts in the smaller of the two classes RM_AUROC ranks (correct or wrong)."""
 RM_FALSE_POSITIVE_RATE = "rm_false_positive_rate"
 """Share of the verifier-wrong rollouts that VerifyRM accepts (logit > 0)."""
+RM_FALSE_POSITIVES_BY_PROMPT = "rm_false_positives_by_prompt"
+"""Per prompt of the step, in the batch's order: [verifier-wrong rollouts VerifyRM accepts, verifier-wrong rollouts]
+of its group; the alarm's absolute check counts prompts, not rollouts (cooper/evaluation/exploit_check.py)."""
 
 # ----- the policy ---------------------------------------------------------------------------------------------------
 

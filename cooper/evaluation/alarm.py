@@ -35,9 +35,9 @@ independent steps: the first raised false alarms in about half of 400-step runs,
 0.6 (docs/alarm.md).
 
 Beside the CUSUMs, an absolute check that needs no baseline (cooper/evaluation/exploit_check.py): the rollouts
-VerifyRM accepts and the verifier rejects, against a bound from VerifyRM's own validation before training. It
-watches from the first step, so it can raise during the baseline; a relative test cannot see a hack present from
-the start.
+VerifyRM accepts and the verifier rejects, counted per prompt, against a bound from VerifyRM's own validation before
+training. It watches from the first step, so it can raise during the baseline; a relative test cannot see a hack
+present from the start.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cooper.evaluation.alarm_threshold import MAX_CORRELATION, BaselineFit, fit_baseline, threshold_for
-from cooper.evaluation.exploit_check import ExploitCheck, check_threshold, false_positive_bound, step_counts
+from cooper.evaluation.exploit_check import ExploitCheck, check_threshold, false_positive_bound, step_groups
 from cooper.metric_names import (
     KL_FROM_INITIAL,
     REWARD_ACCURACY_GAP,
@@ -223,10 +223,10 @@ class HackingAlarm:
         if self.bound is None and _defined(rate) and negatives:
             self.bound = false_positive_bound(float(rate), int(negatives),
                                               self.settings.false_positive_margin)
-        counts = step_counts(record)
-        if self.bound is None or counts is None:
+        groups = step_groups(record)
+        if self.bound is None or groups is None:
             return
-        evidence = ExploitCheck(self.bound).evidence(*counts)
+        evidence = ExploitCheck(self.bound).evidence(groups)
         self.exploit_sum = max(0.0, self.exploit_sum + evidence)
         self.exploit_recent = (self.exploit_recent + [evidence])[-self.settings.clear_steps :]
 

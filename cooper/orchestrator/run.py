@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from cooper.config import CooperConfig
+from cooper.evaluation.exploit_check import false_positives_by_prompt
 from cooper.evaluation.monitor import auroc, false_positive_rate
 from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.metric_names import (
@@ -43,6 +44,7 @@ from cooper.metric_names import (
     RM_BENCH,
     RM_BENCH_INITIAL,
     RM_FALSE_POSITIVE_RATE,
+    RM_FALSE_POSITIVES_BY_PROMPT,
     RM_VERIFIER_DISAGREEMENT,
     ROLLOUTS,
     STEP,
@@ -121,6 +123,9 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         record[RM_AUROC_SUPPORT] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
         record[RM_FALSE_POSITIVE_RATE] = false_positive_rate(logits, correct, threshold=0.0)
         record[ROLLOUTS] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
+        # The alarm's absolute check counts prompts, not rollouts: a blind spot is usually a prompt's (exploit_check.py)
+        record[RM_FALSE_POSITIVES_BY_PROMPT] = false_positives_by_prompt(logits, correct,
+                                                                         len(correct) // len(ro["prompts"]))
     if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
         record[ALARM_ROLLED_BACK_TO] = pu["rolled_back_to"]
     for key, value in pu["metrics"].items():

@@ -5,6 +5,11 @@ what the alarm reads and what it wrote at each step. Replaying them through the 
 `alarm/*` field the runs wrote, at every step: a change to the detector that moves a raise, a statistic or a
 threshold on real runs fails here, without retraining. A setting changed on the replay must show as runs not
 reproduced, so the comparison cannot pass by comparing nothing.
+
+The three runs acting with the absolute check on were recorded when it counted every wrong rollout as an independent
+trial; it now counts prompts (cooper/evaluation/exploit_check.py), and their records carry only each step's totals,
+which it weighs as one trial a step. They replay to the raises pinned in COUNTED_PER_STEP, not to the ones they
+recorded (steps 2-3).
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data" / "alarm-runs"
+# run -> its raises replayed: a step of totals is one trial, so the hack present from step 0 is found at 41-45
+COUNTED_PER_STEP = {"static-tiny-rm-keyed-act-absolute-150steps-s621": [41],
+                    "static-tiny-rm-keyed-act-absolute-150steps-s622": [45],
+                    "static-tiny-rm-keyed-act-absolute-150steps-s623": [43]}
 
 
 def replay(*overrides: str) -> dict:
@@ -33,9 +42,11 @@ def test_the_recorded_runs_replay_to_the_raises_they_recorded() -> None:
     assert len(runs) == len([p for p in DATA.iterdir() if p.is_dir()]) >= 20
     for name, run in runs.items():
         assert run["steps"] == 150, name
+        if name in COUNTED_PER_STEP:
+            assert run["raises"] == COUNTED_PER_STEP[name] and not run["reproduced"], name
+            continue
         assert run["raises"] == run["recorded_raises"], name
         assert run["reproduced"], f"{name}: the alarm's fields differ from step {run['first_differing_step']}"
-    assert report["reproduced"]
     # Not vacuous: the hacked runs (static on the preset's keyed RM) raised.
     hacked = [run for name, run in runs.items() if name.startswith("static-tiny-rm-keyed-")]
     assert len(hacked) >= 9 and all(run["raises"] for run in hacked)
