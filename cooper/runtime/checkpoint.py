@@ -87,8 +87,8 @@ def save_checkpoint(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     target = layout.path(root, state)
-    if layout.counts_updates and target.exists():
-        return target  # this very state is saved already
+    if layout.counts_updates and (target / layout.state_file).is_file():
+        return target  # this very state is saved already (without its state file the directory is a leftover: replaced)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)

@@ -5,6 +5,7 @@ stopped, and answers a retried Train from the recorded result."""
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from cooper.config import PolicyConfig
+from cooper.runtime import durability
 from cooper.runtime.checkpoint import complete_checkpoints, read_optimizer_state
 from cooper.runtime.durability import JOURNAL_DIR
 from cooper.runtime.journal import UpdateJournal
@@ -79,6 +81,44 @@ def test_a_policy_stopped_without_saving_resumes_bit_identical(tmp_path: Path,
     assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [7]
     saved = read_optimizer_state(tmp_path / "b" / "v00000006")
     assert saved["updates"] == 6
+
+
+def _assert_same_state(expected: PolicyCore, actual: PolicyCore) -> None:
+    for (name, p), q in zip(expected.model.named_parameters(), actual.model.parameters(), strict=True):
+        assert torch.equal(p, q), name  # bit for bit, not close
+    assert all(torch.equal(a, b) for a, b in zip(_optimizer_tensors(expected), _optimizer_tensors(actual), strict=True))
+    assert (actual.version, actual.trainer.updates) == (expected.version, expected.trainer.updates)
+
+
+def test_a_background_save_writes_the_state_it_was_started_from(
+        tmp_path: Path, make_config: Callable[..., PolicyConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write of checkpoint v3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
+    It must still write v3 (snapshot_state's copy): the restart applies the journal of 4 and 5 on top of it."""
+    uninterrupted = PolicyCore(_config(make_config, tmp_path / "a"))
+    _train(uninterrupted, range(5))
+    uninterrupted.wait_for_saves()  # its own write has landed: the write held below is the other core's
+
+    write_started, release = threading.Event(), threading.Event()
+    unheld_save = durability.save_checkpoint
+
+    def held_save(*args: Any, **kwargs: Any) -> Path:
+        write_started.set()
+        assert release.wait(60)
+        return unheld_save(*args, **kwargs)
+
+    monkeypatch.setattr(durability, "save_checkpoint", held_save)
+    config = _config(make_config, tmp_path / "b")
+    stopped = PolicyCore(config)
+    _train(stopped, range(3))  # save_every 3: v3 starts the background write
+    assert write_started.wait(60)
+    _train(stopped, range(3, 5))  # while the writer waits
+    release.set()
+    stopped.wait_for_saves()
+    assert [p.name for p in complete_checkpoints(tmp_path / "b")] == ["v00000003"]
+    assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [4, 5]
+    del stopped  # no save on stop: a SIGKILL
+
+    _assert_same_state(uninterrupted, PolicyCore(config))
 
 
 def test_a_journal_behind_a_lost_checkpoint_is_not_applied(tmp_path: Path,

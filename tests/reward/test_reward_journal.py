@@ -4,12 +4,16 @@ the same cooper/runtime/durability.py as the policy)."""
 
 from __future__ import annotations
 
+import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
+from cooper.runtime import durability
 from cooper.runtime.checkpoint import REWARD, complete_checkpoints, read_state
 from cooper.runtime.durability import JOURNAL_DIR
 from cooper.runtime.journal import UpdateJournal
@@ -73,6 +77,65 @@ def test_a_restart_applies_the_journal_and_comes_back_bit_identical(tmp_path: Pa
     assert_same(state_of(second), state_of(calm))
     items = tiny_items(6)
     assert second.score_tokens(second.rm.encode(items)).logits == calm.score_tokens(calm.rm.encode(items)).logits
+
+
+def test_a_background_save_writes_the_state_it_was_started_from(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write of checkpoint 3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
+    It must still write update 3's state (snapshot_state's copy): the restart applies the journal of 4 and 5 on top
+    of it, so a checkpoint that had taken them in would come back with them applied twice."""
+    calm = RewardCore.load(journal_config(tmp_path / "calm"))
+    apply(calm, range(5))
+    expected = state_of(calm)  # its own background write has landed: the writes held below are the other core's
+
+    write_started, release = threading.Event(), threading.Event()
+    unheld_save = durability.save_checkpoint
+
+    def held_save(*args: Any, **kwargs: Any) -> Path:
+        write_started.set()
+        assert release.wait(60)
+        return unheld_save(*args, **kwargs)
+
+    monkeypatch.setattr(durability, "save_checkpoint", held_save)
+    config = journal_config(tmp_path / "crash")
+    first = RewardCore.load(config)
+    apply(first, range(3))  # save_every 3: update 3 starts the background write
+    assert write_started.wait(60)
+    apply(first, range(3, 5))  # while the writer waits
+    release.set()
+    first.durable.wait()
+    assert [path.name for path in complete_checkpoints(config.checkpoint_dir, REWARD)] == ["v00000003-u00000003"]
+    assert UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR).versions() == [4, 5]
+    del first  # dropped with no save: a SIGKILL
+
+    second = RewardCore.load(config)
+    assert (second.rm.version, second.updates) == (5, 5)
+    assert_same(state_of(second), expected)
+
+
+def test_a_save_cut_short_is_skipped_at_start_and_its_name_written_again(tmp_path: Path) -> None:
+    config = journal_config(tmp_path / "crash")
+    root = Path(config.checkpoint_dir)
+    first = RewardCore.load(config)
+    apply(first, range(5))
+    first.durable.wait()
+    # What a SIGKILL leaves: checkpoint 3, the journal of updates 4 and 5, and saves cut short: one in its temp
+    # directory, one under its final name without the state file that completes it (written last).
+    assert [path.name for path in complete_checkpoints(root, REWARD)] == ["v00000003-u00000003"]
+    shutil.copytree(root / "v00000003-u00000003", root / ".tmp-cut-short")
+    shutil.copytree(root / "v00000003-u00000003", root / "v00000006-u00000006")
+    (root / "v00000006-u00000006" / REWARD.state_file).unlink()
+    del first
+
+    resumed = RewardCore.load(config)
+    assert not (root / ".tmp-cut-short").exists()  # deleted at start
+    assert (resumed.rm.version, resumed.updates, resumed.last_key) == (5, 5, "run/4")
+    calm = RewardCore.load(journal_config(tmp_path / "calm"))
+    apply(calm, range(6))
+    apply(resumed, range(5, 6))  # update 6 is saved under the name the cut-short save left
+    assert_same(state_of(resumed), state_of(calm))
+    assert read_state(root / "v00000006-u00000006", REWARD)["updates"] == 6
+    assert_same(state_of(RewardCore.load(config)), state_of(calm))  # that checkpoint is whole: it loads as update 6
 
 
 def test_a_retry_after_a_restart_is_answered_from_the_journal(tmp_path: Path) -> None:
