@@ -21,6 +21,11 @@ rollouts ahead of training, which samples versions behind its trainer) keeps the
 checkpoint at least `rebuild` updates old, and starts from that checkpoint: applying the journal again passes
 through every state after it.
 
+A journal write that fails after its update was applied leaves the service's memory one update ahead of its journal
+and checkpoints, with the update's key unrecorded: a retry would apply it twice, and a save would keep it without its
+key. So the service refuses every call from then on (`UnjournaledUpdate`) and saves nothing; a restart comes back
+from the journal, where the retry is applied, once.
+
 Updates are counted by a sequence number that rises by one per applied update: the policy's version, VerifyRM's
 update count (an update VerifyRM skips, for a non-finite gradient, keeps the version but is journaled too). A
 service that runs several identical copies of its model (reward.model_copies) gives one copy the writes (`writes`)
@@ -52,6 +57,13 @@ JOURNAL_DIR = "journal"
 """The update journal's directory inside a service's checkpoint_dir."""
 
 
+class UnjournaledUpdate(RuntimeError):
+    """An update was applied in memory but its journal entry could not be written: the service holds a state that
+    neither its journal nor its checkpoints hold, refuses every call and must restart (it comes back at the update
+    before; the caller's retry is applied then). Raised by the write that failed, with its error as the cause, and
+    by every call after it."""
+
+
 class Durability:
     """The checkpoints and journal of one service under `root` (its checkpoint_dir)."""
 
@@ -71,6 +83,8 @@ class Durability:
         """The newest checkpoint written or loaded ("" before the first)."""
         self.saved_sequence: int | None = None
         """The sequence number that checkpoint holds (None: nothing saved or loaded yet)."""
+        self.unjournaled: str | None = None
+        """Why the state in memory is ahead of the journal (a journal write failed); None while the journal holds it."""
 
     def start(self) -> Path | None:
         """At start-up: delete the leftovers of writes a crash cut short (each may be as large as a checkpoint) and
@@ -106,8 +120,27 @@ class Durability:
     def record(self, sequence: int, after_key: str, entry: dict[str, Any]) -> None:
         """Journal the update that produced `sequence` (applied when `after_key` was the last key); returns once it
         is on disk. `entry` holds the update's "key" and what applying it again needs."""
-        if self.journal and self.writes:
+        if not (self.journal and self.writes):
+            return
+        try:
             self.journal.append(sequence, after_key, entry)
+        except Exception as err:
+            # Why stop rather than undo the update or journal it before applying it: the update changed weights and
+            # optimizer moments in place, and undoing it would need a copy of the state per update, the cost the
+            # journal exists to avoid; an entry written before applying holds no answer for a retry, and a restart
+            # would apply it even if applying it failed here. A failed write (often a failed fsync, after which the
+            # kernel may have dropped the pages: PostgreSQL stops on one for that reason) leaves only the journal and
+            # checkpoints sure, one update behind memory, so the service goes back to them.
+            self.unjournaled = (f"the journal entry of update {sequence} (key {entry['key']!r}) could not be written "
+                                f"({type(err).__name__}: {err}), after the update was applied in memory; this service "
+                                "refuses every call until it restarts, from its checkpoint and journal, where a retry "
+                                "of that update is applied once")
+            raise UnjournaledUpdate(self.unjournaled) from err
+
+    def check_journaled(self) -> None:
+        """UnjournaledUpdate once a journal write has failed: nothing may be answered or saved from memory then."""
+        if self.unjournaled is not None:
+            raise UnjournaledUpdate(self.unjournaled)
 
     def due(self, sequence: int) -> bool:
         """A periodic checkpoint is due after update `sequence`."""
@@ -123,6 +156,7 @@ class Durability:
         with a layout that counts updates its "updates"), `optimizer_state` returns the optimizer's. Returns the
         checkpoint's directory; `background`: the write runs on the background thread from a copy taken now, and
         the directory is complete once it lands (`wait`)."""
+        self.check_journaled()  # a checkpoint of memory would keep the unjournaled update without its key
         self.background.wait()  # one write at a time, in update order: pruning must never overtake
         if not background:
             return str(self._write(model, tokenizer, optimizer_state(), state, sequence, None))

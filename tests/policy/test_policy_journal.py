@@ -16,7 +16,7 @@ import torch
 from cooper.config import PolicyConfig
 from cooper.runtime import durability
 from cooper.runtime.checkpoint import complete_checkpoints, read_optimizer_state
-from cooper.runtime.durability import JOURNAL_DIR
+from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.journal import UpdateJournal
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
@@ -119,6 +119,46 @@ def test_a_background_save_writes_the_state_it_was_started_from(
     del stopped  # no save on stop: a SIGKILL
 
     _assert_same_state(uninterrupted, PolicyCore(config))
+
+
+def test_a_failed_journal_write_refuses_the_retry_until_a_restart_applies_it_once(
+        tmp_path: Path, make_config: Callable[..., PolicyConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    once = PolicyCore(_config(make_config, tmp_path / "a"))
+    rollouts = []
+    for step in range(2):
+        rollouts.append(_rollout(once, step))
+        once.train(f"j/{step}", *rollouts[step], group_size=4)
+
+    config = _config(make_config, tmp_path / "b")
+    core = PolicyCore(config)
+    core.train("j/0", *rollouts[0], group_size=4)
+    unfailing_append = UpdateJournal.append
+
+    def append_failing_once(journal: UpdateJournal, *args: Any) -> None:
+        monkeypatch.setattr(UpdateJournal, "append", unfailing_append)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(UpdateJournal, "append", append_failing_once)
+    with pytest.raises(UnjournaledUpdate, match="update 2 .key 'j/1'.") as failed:
+        core.train("j/1", *rollouts[1], group_size=4)
+    assert isinstance(failed.value.__cause__, OSError)
+    # The update is in memory but not in the journal, nor its key in the ledger: the retry would apply it again.
+    with pytest.raises(UnjournaledUpdate):
+        core.train("j/1", *rollouts[1], group_size=4)
+    with pytest.raises(UnjournaledUpdate):  # samples of weights that a restart would not come back to
+        core.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=2))
+    with pytest.raises(UnjournaledUpdate):  # a checkpoint would hold the update without its key
+        core.save("manual")
+    assert core.save_if_unsaved("stop") is None
+    assert complete_checkpoints(tmp_path / "b") == []
+    core.close()
+    del core
+
+    restarted = PolicyCore(config)
+    assert (restarted.version, restarted.last_key) == (1, "j/0")
+    retry = restarted.train("j/1", *rollouts[1], group_size=4)
+    assert (retry.version, retry.replayed) == (2, False)
+    _assert_same_state(once, restarted)  # applied exactly once
 
 
 def test_a_journal_behind_a_lost_checkpoint_is_not_applied(tmp_path: Path,

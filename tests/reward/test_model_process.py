@@ -13,6 +13,7 @@ import pytest
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.config import BatchingConfig
+from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.ledger import idempotency_key
 from cooper.services.reward.core import RewardCore
 from cooper.services.reward.runner import CopiesRunner, ModelUnavailable, ProcessRunner
@@ -101,6 +102,36 @@ def test_a_dead_model_process_fails_requests_clearly_and_is_reported(tmp_path: P
         await asyncio.wait_for(service.stop(), 30)  # stopping a service whose model died does not hang
 
     asyncio.run(main())
+
+
+def test_a_failed_journal_write_ends_the_model_process_and_a_restart_applies_the_update_once(tmp_path: Path) -> None:
+    """The child does not go on serving from an update its journal lacks: it answers the error and exits, and the
+    service is reported dead (on_exit; the gRPC server then stops, exit 1, for its supervisor to restart it)."""
+    config = make_config(tmp_path, model_process=True)
+    journal = Path(config.checkpoint_dir) / JOURNAL_DIR
+    journal.parent.mkdir(parents=True)
+    journal.write_text("")  # a file where the journal's directory goes: every append fails
+    pairs = tiny_pairs(3)
+
+    async def main() -> None:
+        service = await RewardService.create(config)
+        exited = asyncio.Event()
+        service.runner.on_exit = exited.set
+        with pytest.raises(UnjournaledUpdate, match="key 'run/0'"):
+            await service.update(idempotency_key("run", 0), pairs)
+        await asyncio.wait_for(exited.wait(), 30)
+        assert not service.alive
+        with pytest.raises(ModelUnavailable):
+            await service.update(idempotency_key("run", 0), pairs)
+        await asyncio.wait_for(service.stop(), 30)
+
+    asyncio.run(main())
+    journal.unlink()
+    restarted = RewardCore.load(make_config(tmp_path))
+    assert restarted.rm.version == 0 and restarted.durable.saved_sequence is None  # nothing of it was saved on stop
+    once = RewardCore.load(make_config(tmp_path / "once"))
+    retry, expected = restarted.apply_update("run/0", pairs), once.apply_update("run/0", pairs)
+    assert (retry.version, retry.replayed, retry.loss) == (1, False, expected.loss)
 
 
 def test_a_model_that_does_not_load_fails_create_with_its_error(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.runtime import durability
 from cooper.runtime.checkpoint import REWARD, complete_checkpoints, read_state
-from cooper.runtime.durability import JOURNAL_DIR
+from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.journal import UpdateJournal
 from cooper.services.reward.core import RewardCore
 
@@ -136,6 +136,47 @@ def test_a_save_cut_short_is_skipped_at_start_and_its_name_written_again(tmp_pat
     assert_same(state_of(resumed), state_of(calm))
     assert read_state(root / "v00000006-u00000006", REWARD)["updates"] == 6
     assert_same(state_of(RewardCore.load(config)), state_of(calm))  # that checkpoint is whole: it loads as update 6
+
+
+def fail_the_next_journal_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next UpdateJournal.append raises as a full disk does; the ones after it write."""
+    unfailing_append = UpdateJournal.append
+
+    def append_failing_once(journal: UpdateJournal, *args: Any) -> None:
+        monkeypatch.setattr(UpdateJournal, "append", unfailing_append)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(UpdateJournal, "append", append_failing_once)
+
+
+def test_a_failed_journal_write_refuses_the_retry_until_a_restart_applies_it_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    once = RewardCore.load(journal_config(tmp_path / "once"))
+    apply(once, range(2))
+
+    config = journal_config(tmp_path / "failing")
+    core = RewardCore.load(config)
+    apply(core, range(1))
+    fail_the_next_journal_write(monkeypatch)
+    with pytest.raises(UnjournaledUpdate, match="update 2 .key 'run/1'.") as failed:
+        core.apply_update("run/1", tiny_pairs(3, seed=1))
+    assert isinstance(failed.value.__cause__, OSError)
+    # The update is in memory but not in the journal, nor its key in the ledger: the retry would apply it again.
+    with pytest.raises(UnjournaledUpdate):
+        core.apply_update("run/1", tiny_pairs(3, seed=1))
+    with pytest.raises(UnjournaledUpdate):  # scores of weights that a restart would not come back to
+        core.score_tokens(core.rm.encode(tiny_items(2)))
+    with pytest.raises(UnjournaledUpdate):  # a checkpoint would hold the update without its key
+        core.save("manual")
+    assert core.save_if_unsaved("stop") is None
+    assert complete_checkpoints(config.checkpoint_dir, REWARD) == []
+    del core
+
+    restarted = RewardCore.load(config)
+    assert (restarted.rm.version, restarted.updates, restarted.last_key) == (1, 1, "run/0")
+    retry = restarted.apply_update("run/1", tiny_pairs(3, seed=1))
+    assert (retry.version, retry.replayed) == (2, False)
+    assert_same(state_of(restarted), state_of(once))  # applied exactly once, bit for bit
 
 
 def test_a_retry_after_a_restart_is_answered_from_the_journal(tmp_path: Path) -> None:

@@ -276,6 +276,7 @@ class PolicyCore:
                  ) -> tuple[list[list[Completion]], int]:
         """`sampling.n` completions per prompt, in prompt order, and the version that sampled them: `version`
         (VersionNotHeld when the service does not hold it), or the current one when None."""
+        self.durable.check_journaled()
         if self.sampler is not None:
             wanted = self.version if version is None else version
             if not prompts:
@@ -297,6 +298,7 @@ class PolicyCore:
         if not key:
             raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
         with self._lock:
+            self.durable.check_journaled()
             recorded = self.ledger.recorded(key)
             if recorded is not None:
                 if "restored_version" in recorded["metrics"]:
@@ -309,7 +311,8 @@ class PolicyCore:
                     self.sampler.keep(self.version, self.model)
                 metrics = self.trainer.train_step(samples, rewards, group_size)
                 self.version += 1
-                # Before the answer: an update this service answered is never lost.
+                # Before the answer: an update this service answered is never lost. A failed write leaves this
+                # service refusing every call until a restart (UnjournaledUpdate): the key is not recorded yet.
                 self.durable.record(self.version, self.last_key,
                                     journal_record(key, samples, rewards, group_size, metrics))
                 self._sync_engine()
@@ -331,6 +334,7 @@ class PolicyCore:
         if at_most_version < 0:
             raise ValueError(f"at_most_version must be at least 0 (got {at_most_version})")
         with self._lock:
+            self.durable.check_journaled()
             recorded = self.ledger.recorded(key)
             if recorded is not None:
                 if "restored_version" not in recorded["metrics"]:
@@ -429,6 +433,9 @@ class PolicyCore:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
             self.durable.wait()
+            if self.durable.unjournaled is not None:  # memory is ahead of the journal: a restart goes back to it
+                log.error("policy: nothing is saved on stop: %s", self.durable.unjournaled)
+                return None
             if self.world_size > 1 and self.trainer.closed:  # a group lost across machines: no state to gather
                 log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "
                             "update since the last checkpoint")

@@ -151,6 +151,7 @@ class RewardCore:
     def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
         """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the
         token budget."""
+        self.durable.check_journaled()
         forward_s: list[float] = []
         batching = self.config.batching
         logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
@@ -159,7 +160,8 @@ class RewardCore:
     def apply_update(self, key: str, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
         """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:
         reward.update_steps) -> version + 1, journaled before it returns; a key applied before returns its recorded
-        result, trains nothing."""
+        result, trains nothing. A journal write that fails leaves the core refusing every call (UnjournaledUpdate)."""
+        self.durable.check_journaled()
         recorded = self.ledger.recorded(key)
         if recorded is not None:
             return replace(recorded, replayed=True)
@@ -205,6 +207,9 @@ class RewardCore:
     def save_if_unsaved(self, tag: str) -> SavedCheckpoint | None:
         """Save when updates were applied since the last checkpoint (or since start-up without one)."""
         self.durable.wait()
+        if self.durable.unjournaled is not None:  # memory is ahead of the journal: a restart goes back to it
+            log.error("reward: nothing is saved on stop: %s", self.durable.unjournaled)
+            return None
         return self.save(tag) if self.durable.unsaved(self.updates) else None
 
     # ----- read replicas: follow the trainer's checkpoints -----

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from cooper.runtime.durability import UnjournaledUpdate
 from cooper.services.reward.batcher import QueueFull, QueueTimeout, RequestTooLarge
 from cooper.services.reward.replica import ReadOnlyReplica, ReplicaStale
 from cooper.services.reward.runner import ModelUnavailable
@@ -33,6 +34,8 @@ REFUSALS: dict[type[Exception], Refusal] = {
     QueueTimeout: Refusal(grpc.StatusCode.UNAVAILABLE, 503, "overloaded", retry_after_s=1),
     RequestTooLarge: Refusal(grpc.StatusCode.INVALID_ARGUMENT, 413, "too_large"),
     ModelUnavailable: Refusal(grpc.StatusCode.UNAVAILABLE, 503, "model_unavailable"),
+    # The service is stopping to restart from its journal (a journal write failed); a retry is applied once it is back.
+    UnjournaledUpdate: Refusal(grpc.StatusCode.UNAVAILABLE, 503, "model_unavailable"),
     ReplicaStale: Refusal(grpc.StatusCode.UNAVAILABLE, 503, "stale"),
     # Only gRPC has Update and Save; 400 is FAILED_PRECONDITION's HTTP status in Google's API guide.
     ReadOnlyReplica: Refusal(grpc.StatusCode.FAILED_PRECONDITION, 400, "read_only"),

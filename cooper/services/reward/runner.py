@@ -15,7 +15,8 @@ The child process: started with `spawn` (never fork a process that runs gRPC and
 itself (the model never crosses the socket), ignores SIGINT (a Ctrl-C reaches the whole process group; the parent
 decides when to stop and asks the child to checkpoint first), and is SIGKILLed by the kernel if the parent dies.
 Calls and answers are pickled frames on a Unix socket pair (`_frame`, below). An exception raised by a call
-travels back and is raised to that caller; the child keeps serving.
+travels back and is raised to that caller; the child keeps serving, except after a journal write failed
+(UnjournaledUpdate): it exits, and the service with it, so that a restart comes back from the journal.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from cooper.config import RewardConfig
+from cooper.runtime.durability import UnjournaledUpdate
 from cooper.services.reward.core import BatchScores, RewardCore
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
 from cooper.services.reward.model_process import spawn, take_early
@@ -412,15 +414,21 @@ def _serve_calls(link: socket.socket, core: RewardCore) -> None:
         if message is None:
             return
         call_id, operation, args = message
+        must_restart = False
         try:
             reply = (call_id, True, operation(core, *args))
-        except Exception as err:  # the caller gets it; the model process keeps serving
+        except Exception as err:  # the caller gets it; the model process keeps serving, but see must_restart
             reply = (call_id, False, _portable(err))
+            # The core's memory is ahead of its journal and it refuses every call: exiting makes the parent stop the
+            # service (on_exit), so that its supervisor restarts it from the journal instead of it refusing forever.
+            must_restart = isinstance(err, UnjournaledUpdate)
         try:
             frame = _frame(reply)
         except (pickle.PicklingError, TypeError, AttributeError) as err:
             frame = _frame((call_id, False, RuntimeError(f"{operation.__name__}: the result did not pickle: {err}")))
         link.sendall(frame)
+        if must_restart:
+            return
 
 
 def _portable(err: Exception) -> Exception:
