@@ -191,3 +191,25 @@ def test_cooper_serve_policy_starts_and_drains(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_failed_journal_write_answers_unavailable_and_stops_the_service(
+        serve: Callable[[PolicyConfig], Served], tmp_path: Path, make_config: Callable[..., PolicyConfig],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from cooper.runtime.journal import UpdateJournal
+
+    served = serve(make_config(tmp_path / "ckpt"))
+    reply = served.client.generate(PROMPTS, n=3, temperature=1.0, max_new_tokens=6, seed=4)
+
+    def disk_full(journal: UpdateJournal, *args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(UpdateJournal, "append", disk_full)
+    rollout = [policy_pb2.Completion(prompt_id=c.prompt_id, index=c.index, token_ids=c.token_ids, logprobs=c.logprobs,
+                                     prompt_token_ids=c.prompt_token_ids) for c in reply.completions]
+    request = policy_pb2.TrainRequest(key=common_pb2.IdempotencyKey(run_id="run-a", step=1), rollout=rollout,
+                                      rewards=[1.0, 0.0, 0.0, 0.0, 0.5, 1.0], group_size=3, sampled_version=0)
+    with pytest.raises(grpc.RpcError) as err:  # applied in memory, not journaled: the retry must go to a restart
+        served.client.stub.Train(request, timeout=60)  # the stub alone: the client would retry on UNAVAILABLE
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "journal" in err.value.details()
+    assert served.service.failure is not None  # stopping, exit 1, for its supervisor to start it again

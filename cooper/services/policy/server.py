@@ -20,6 +20,7 @@ import grpc
 from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
+from cooper.runtime.durability import UnjournaledUpdate
 from cooper.runtime.ledger import idempotency_key
 from cooper.runtime.server import GrpcService
 from cooper.runtime.vllm_support import EngineError
@@ -46,7 +47,7 @@ def sampling_params(msg: policy_pb2.Sampling) -> SamplingParams:
 class PolicyServicer(policy_pb2_grpc.PolicyServicer):
     def __init__(self, core: PolicyCore):
         self.core = core
-        self.on_group_lost: Callable[[str], None] | None = None  # GrpcService.fail, set by build_service
+        self.on_must_restart: Callable[[str], None] | None = None  # GrpcService.fail (build_service): stop, exit 1
 
     async def _run(self, context: grpc.aio.ServicerContext, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -57,9 +58,11 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
         except RanksRestarted as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
-        except GroupLost as err:  # the launcher restarts every rank once this service has stopped
-            if self.on_group_lost is not None:
-                self.on_group_lost(str(err))
+        except (GroupLost, UnjournaledUpdate) as err:  # its launcher or supervisor starts it again once it stops:
+            # every rank from the latest checkpoint and journal, or, after a journal write failed, the trainer from
+            # the state its journal holds (the update not journaled is applied once, by the caller's retry)
+            if self.on_must_restart is not None:
+                self.on_must_restart(str(err))
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             raise AssertionError("unreachable") from err
         except (NotOffered, StaleRollout, VersionNotHeld) as err:
@@ -134,7 +137,7 @@ def build_service(config: CooperConfig, core: PolicyCore) -> GrpcService:
             await asyncio.to_thread(core.close)
 
     service = GrpcService("policy", config.policy.server, add, on_stop=on_stop, security=config.security)
-    servicer.on_group_lost = service.fail
+    servicer.on_must_restart = service.fail
     service.ready_info = {"version": core.version, "engine": core.engine.name, "world_size": core.world_size}
     return service
 
