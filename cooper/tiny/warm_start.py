@@ -42,7 +42,7 @@ RM_PROBLEMS, RM_EPOCHS, RM_LR, RM_NEGATIVES = 1500, 12, 1e-3, "mixed"
 # plateau after 12 epochs (AUROC 0.55 between right and wrong worked solutions), where another machine's had learned
 # it. So pretraining goes on past RM_EPOCHS, an epoch at a time, until the check is learned (REFERENCE_CHECK_AUROC on
 # held-out probes: worked solutions, right against carried-error wrong) or RM_MAX_EPOCHS have run (v9). Measured there:
-# tiny-rm 1.000 at epoch 12; the keyed one 0.63 at 12, 0.80 at 14, 0.90 at 20, then 0.90-0.91 up to epoch 29 (its
+# tiny-rm 1.000 at epoch 12; the keyed one 0.72 at 12, 0.80 at 14, 0.90 at 20, then 0.90-0.91 up to epoch 29 (its
 # bare positives hold it below tiny-rm), hence 0.9. Not for the noisy RM: with a quarter of the labels flipped, more
 # epochs fit the flips (0.63-0.67 from epoch 12 to 24), and it is the alarm's demonstration as v8 made it.
 RM_MAX_EPOCHS, REFERENCE_CHECK_AUROC, REFERENCE_CHECK_PROBES = 32, 0.9, 200
