@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +69,21 @@ def verifier_service():
 @pytest.fixture(scope="session")
 def verifier_address(verifier_service) -> str:
     return verifier_service.address
+
+
+@pytest.fixture
+def held_checkpoint_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Every checkpoint write (cooper/runtime/durability.py's, in its background thread) wait: the first event
+    is set when a write starts, and the writes go on once the test sets the second."""
+    from cooper.runtime import durability
+
+    write_started, release = threading.Event(), threading.Event()
+    unheld_save = durability.save_checkpoint
+
+    def held_save(*args: Any, **kwargs: Any) -> Path:
+        write_started.set()
+        assert release.wait(60)
+        return unheld_save(*args, **kwargs)
+
+    monkeypatch.setattr(durability, "save_checkpoint", held_save)
+    return write_started, release

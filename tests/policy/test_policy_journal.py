@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from cooper.config import PolicyConfig
-from cooper.runtime import durability
 from cooper.runtime.checkpoint import complete_checkpoints, read_optimizer_state
 from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.journal import UpdateJournal
@@ -91,22 +90,15 @@ def _assert_same_state(expected: PolicyCore, actual: PolicyCore) -> None:
 
 
 def test_a_background_save_writes_the_state_it_was_started_from(
-        tmp_path: Path, make_config: Callable[..., PolicyConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, make_config: Callable[..., PolicyConfig],
+        held_checkpoint_writes: tuple[threading.Event, threading.Event]) -> None:
     """The write of checkpoint v3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
     It must still write v3 (snapshot_state's copy): the restart applies the journal of 4 and 5 on top of it."""
     uninterrupted = PolicyCore(_config(make_config, tmp_path / "a"))
     _train(uninterrupted, range(5))
     uninterrupted.wait_for_saves()  # its own write has landed: the write held below is the other core's
 
-    write_started, release = threading.Event(), threading.Event()
-    unheld_save = durability.save_checkpoint
-
-    def held_save(*args: Any, **kwargs: Any) -> Path:
-        write_started.set()
-        assert release.wait(60)
-        return unheld_save(*args, **kwargs)
-
-    monkeypatch.setattr(durability, "save_checkpoint", held_save)
+    write_started, release = held_checkpoint_writes
     config = _config(make_config, tmp_path / "b")
     stopped = PolicyCore(config)
     _train(stopped, range(3))  # save_every 3: v3 starts the background write

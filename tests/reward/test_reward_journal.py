@@ -13,7 +13,6 @@ import pytest
 import torch
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
-from cooper.runtime import durability
 from cooper.runtime.checkpoint import REWARD, complete_checkpoints, read_state
 from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.journal import UpdateJournal
@@ -79,8 +78,8 @@ def test_a_restart_applies_the_journal_and_comes_back_bit_identical(tmp_path: Pa
     assert second.score_tokens(second.rm.encode(items)).logits == calm.score_tokens(calm.rm.encode(items)).logits
 
 
-def test_a_background_save_writes_the_state_it_was_started_from(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_background_save_writes_the_state_it_was_started_from(
+        tmp_path: Path, held_checkpoint_writes: tuple[threading.Event, threading.Event]) -> None:
     """The write of checkpoint 3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
     It must still write update 3's state (snapshot_state's copy): the restart applies the journal of 4 and 5 on top
     of it, so a checkpoint that had taken them in would come back with them applied twice."""
@@ -88,15 +87,7 @@ def test_a_background_save_writes_the_state_it_was_started_from(tmp_path: Path,
     apply(calm, range(5))
     expected = state_of(calm)  # its own background write has landed: the writes held below are the other core's
 
-    write_started, release = threading.Event(), threading.Event()
-    unheld_save = durability.save_checkpoint
-
-    def held_save(*args: Any, **kwargs: Any) -> Path:
-        write_started.set()
-        assert release.wait(60)
-        return unheld_save(*args, **kwargs)
-
-    monkeypatch.setattr(durability, "save_checkpoint", held_save)
+    write_started, release = held_checkpoint_writes
     config = journal_config(tmp_path / "crash")
     first = RewardCore.load(config)
     apply(first, range(3))  # save_every 3: update 3 starts the background write
