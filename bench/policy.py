@@ -181,9 +181,14 @@ def main() -> None:
                 core.train(f"bench/{step}", samples, rewards, args.n)
                 return time.perf_counter() - start
 
+            # The same rollout is trained on at every version, for its timing only: both sides take it as sampled by
+            # the trainer's current version (the core's default), so neither weights its tokens nor refuses it.
+            remote_version = [reply.version]
+
             def train_remote(step: int) -> float:
                 start = time.perf_counter()
-                client.train("bench", step, rollout, rewards, args.n, reply.version)
+                result = client.train("bench", step, rollout, rewards, args.n, remote_version[0])
+                remote_version[0] = result.version
                 return time.perf_counter() - start
 
             train_local(-1)  # warm-up
