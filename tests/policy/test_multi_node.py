@@ -203,7 +203,7 @@ def test_two_nodes_update_like_one_process(tmp_path: Path, groups: Callable[...,
         samples = [RolloutSample(c.prompt_token_ids, c.token_ids, c.logprobs) for c in rollout]
         before = {n: p.detach().clone() for n, p in one.model.named_parameters()}
         for step in (1, 2):
-            remote = client.train("run", step, rollout, REWARDS[step - 1], group_size=3)
+            remote = client.train("run", step, rollout, REWARDS[step - 1], group_size=3, sampled_version=client.info().version)
             local = one.train(f"run/{step}", samples, REWARDS[step - 1], 3)
             assert remote.version == local.version == step
             for key in local.metrics:
@@ -227,20 +227,20 @@ def test_a_node_lost_mid_update_is_a_restart_with_nothing_lost(tmp_path: Path,
     with calm.client() as client:
         rollout = rollout_of(client)
         for step in range(1, 5):
-            client.train("run", step, rollout, REWARDS[step - 1], group_size=3)
+            client.train("run", step, rollout, REWARDS[step - 1], group_size=3, sampled_version=client.info().version)
         expected = saved_weights(client, calm_dir)
     calm.stop()
 
     group = groups(lost_dir, "lost")
     with group.client() as client:
         for step in (1, 2, 3):  # a checkpoint at 2 (save_every 2), then one journaled update
-            client.train("run", step, rollout, REWARDS[step - 1], group_size=3)
+            client.train("run", step, rollout, REWARDS[step - 1], group_size=3, sampled_version=client.info().version)
         failed: list[BaseException] = []
         answered: list[Any] = []
 
         def train_step_4() -> None:
             try:
-                answered.append(client.train("run", 4, rollout, REWARDS[3], group_size=3))
+                answered.append(client.train("run", 4, rollout, REWARDS[3], group_size=3, sampled_version=client.info().version))
             except BaseException as err:  # noqa: BLE001  what the call raised is the test's subject
                 failed.append(err)
 
@@ -263,7 +263,7 @@ def test_a_node_lost_mid_update_is_a_restart_with_nothing_lost(tmp_path: Path,
     again = groups(lost_dir, "again")  # the launcher starts every node again, on the same checkpoint directory
     with again.client() as client:
         assert client.info().version == 3  # the checkpoint of 2 plus the journaled update 3
-        retry = client.train("run", 4, rollout, REWARDS[3], group_size=3)
+        retry = client.train("run", 4, rollout, REWARDS[3], group_size=3, sampled_version=client.info().version)
         assert retry.version == 4 and not retry.replayed
         assert client.info().version == 4
         resumed = saved_weights(client, lost_dir)
@@ -299,7 +299,7 @@ def test_two_nodes_beside_vllm(tmp_path: Path, groups: Callable[..., TwoNodes]) 
             rollout = client.generate(PROMPTS[:2], n=4, max_new_tokens=12, seed=step).completions
             rewards = [float(len(c.token_ids) % 2) for c in rollout]
             rewards[0], rewards[4] = 1.0 - rewards[1], 1.0 - rewards[5]
-            reply = client.train("vllm", step, rollout, rewards, group_size=4)
+            reply = client.train("vllm", step, rollout, rewards, group_size=4, sampled_version=client.info().version)
             assert reply.version == step
             # Step 2's rollout was sampled after update 1: had the engine kept the old weights, the trainer's pi_old
             # would be far from the log-probs vLLM reported.
@@ -315,12 +315,12 @@ def test_nodes_restarted_one_by_one_meet_again(tmp_path: Path, groups: Callable[
     group = groups(tmp_path / "ckpt", "one-by-one")
     with group.client() as client:
         rollout = rollout_of(client)
-        client.train("run", 1, rollout, REWARDS[0], group_size=3)
+        client.train("run", 1, rollout, REWARDS[0], group_size=3, sampled_version=client.info().version)
     group.kill(1)
     group.restart(1)  # before node 0 has seen anything: it is idle between calls
     with group.client() as client:
         with pytest.raises(ServiceUnavailable):  # node 0 finds node 1 gone on the next update
-            client.train("run", 2, rollout, REWARDS[1], group_size=3)
+            client.train("run", 2, rollout, REWARDS[1], group_size=3, sampled_version=client.info().version)
     assert group.nodes[0].wait(60) != 0
     started, restarts = time.monotonic(), 1
     group.restart(0)
@@ -334,6 +334,6 @@ def test_nodes_restarted_one_by_one_meet_again(tmp_path: Path, groups: Callable[
         time.sleep(0.2)
     with group.client() as client:
         assert client.info().version == 1
-        assert client.train("run", 2, rollout, REWARDS[1], group_size=3).version == 2
+        assert client.train("run", 2, rollout, REWARDS[1], group_size=3, sampled_version=client.info().version).version == 2
     print(f"\nnodes restarted one by one: serving again {time.monotonic() - started:.0f} s after node 0 exited "
           f"({restarts} restarts)")

@@ -83,8 +83,8 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 def _train_both(step: int, one: Served, two: Served, rollout: list[Any]) -> None:
     """The same Train on a 1-rank and a 2-rank service: same metrics and weights within TOLERANCE."""
     before = _weights(one.core)
-    a = one.client.train("run", step, rollout, REWARDS[step - 1], group_size=3)
-    b = two.client.train("run", step, rollout, REWARDS[step - 1], group_size=3)
+    a = one.client.train("run", step, rollout, REWARDS[step - 1], group_size=3, sampled_version=one.client.info().version)
+    b = two.client.train("run", step, rollout, REWARDS[step - 1], group_size=3, sampled_version=two.client.info().version)
     assert a.version == b.version and not b.replayed
     assert set(a.metrics) == set(b.metrics)
     for key in a.metrics:
@@ -142,7 +142,7 @@ def test_two_ranks_update_like_one_and_checkpoints_move_between_world_sizes(
     restored = again.client.restore("rollback", 1, at_most_version=1)
     assert (restored.restored_version, restored.version) == (1, 4)
     assert _max_difference(_weights(again.core), two_weights) == 0 and again.core.trainer.updates == 1
-    assert again.client.train("run", 5, rollout, [float(i % 2) for i in range(len(rollout))], group_size=3).version == 5
+    assert again.client.train("run", 5, rollout, [float(i % 2) for i in range(len(rollout))], group_size=3, sampled_version=again.client.info().version).version == 5
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -159,7 +159,7 @@ def test_a_rank_killed_mid_update_fails_the_call_and_the_service_recovers(
     prompts = [(f"p{i}", f"Ivy has {i + 3} pens and gives away {i}.") for i in range(4)]
     rollout = list(served.client.generate(prompts, n=4, max_new_tokens=16, seed=3).completions)
     rewards = [float(i % 3 == 0) for i in range(len(rollout))]
-    assert served.client.train("run", 1, rollout, rewards, group_size=4).version == 1  # checkpoint v1 written
+    assert served.client.train("run", 1, rollout, rewards, group_size=4, sampled_version=served.client.info().version).version == 1  # checkpoint v1 written
     at_v1 = _weights(served.core)
     rank1 = served.core.trainer.local.processes[1].pid
 
@@ -168,7 +168,7 @@ def test_a_rank_killed_mid_update_fails_the_call_and_the_service_recovers(
 
     def train() -> None:
         try:
-            outcome["reply"] = no_retry.train("run", 2, rollout, rewards, group_size=4)
+            outcome["reply"] = no_retry.train("run", 2, rollout, rewards, group_size=4, sampled_version=no_retry.info().version)
         except ServiceUnavailable as err:
             outcome["error"] = err
 
@@ -194,9 +194,9 @@ def test_a_rank_killed_mid_update_fails_the_call_and_the_service_recovers(
     assert served.core.trainer.local.processes[1].pid != rank1
     assert served.client.info().version == 1
     assert _max_difference(_weights(served.core), at_v1) == 0
-    retried = served.client.train("run", 2, rollout, rewards, group_size=4)
+    retried = served.client.train("run", 2, rollout, rewards, group_size=4, sampled_version=served.client.info().version)
     assert retried.version == 2 and not retried.replayed
-    assert served.client.train("run", 2, rollout, rewards, group_size=4).replayed
+    assert served.client.train("run", 2, rollout, rewards, group_size=4, sampled_version=served.client.info().version).replayed
 
 
 def _rank_processes(parent: int) -> list[int]:
@@ -236,7 +236,7 @@ def test_cooper_serve_policy_with_two_ranks_starts_and_stops_them(tmp_path: Path
         assert len(ranks) == 1, f"expected one spawned rank under the service, found {ranks}"
         with PolicyClient(f"127.0.0.1:{info['grpc_port']}") as client:
             rollout = client.generate(PROMPTS[:2], n=2, max_new_tokens=4).completions
-            assert client.train("cli", 1, rollout, [0.0, 1.0, 1.0, 0.0], group_size=2).version == 1
+            assert client.train("cli", 1, rollout, [0.0, 1.0, 1.0, 0.0], group_size=2, sampled_version=client.info().version).version == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         for pid in ranks:  # the ranks were stopped with the service, not left behind
@@ -279,7 +279,7 @@ def test_two_gpu_ranks_train_in_bf16_with_float32_weights(serve: Callable[..., S
     assert served.core.autocast == torch.bfloat16
     before = _weights(served.core)
     rollout = list(served.client.generate(PROMPTS, n=4, max_new_tokens=8).completions)
-    served.client.train("gpu", 1, rollout, [float(i % 2) for i in range(len(rollout))], group_size=4)
+    served.client.train("gpu", 1, rollout, [float(i % 2) for i in range(len(rollout))], group_size=4, sampled_version=served.client.info().version)
     after = _weights(served.core)
     assert all(p.dtype == torch.float32 and p.is_cuda for p in after.values())
     assert all(not torch.equal(after[n], before[n]) for n in after)

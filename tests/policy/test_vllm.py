@@ -153,7 +153,7 @@ def test_two_ranks_beside_vllm_over_grpc(tmp_path):
                 rollout = client.generate(prompts, n=4, temperature=1.0, max_new_tokens=12, seed=step).completions
                 rewards = [float(len(c.token_ids) % 2) for c in rollout]
                 rewards[0], rewards[4] = 1.0 - rewards[1], 1.0 - rewards[5]
-                reply = client.train("ranks", step, rollout, rewards, group_size=4)
+                reply = client.train("ranks", step, rollout, rewards, group_size=4, sampled_version=client.info().version)
                 assert reply.version == step + 1
                 # Step 1's rollout was sampled after update 1: had the engine kept the old weights, the trainer's
                 # pi_old would be far from the log-probs vLLM reported.
