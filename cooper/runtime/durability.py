@@ -137,6 +137,14 @@ class Durability:
                                 "of that update is applied once")
             raise UnjournaledUpdate(self.unjournaled) from err
 
+    def unjournaled_on_stop(self) -> bool:
+        """True, and why in the log, when memory is ahead of the journal: nothing may be saved on stop then (a
+        restart goes back to the journal)."""
+        if self.unjournaled is None:
+            return False
+        self.log.error("nothing is saved on stop: %s", self.unjournaled)
+        return True
+
     def check_journaled(self) -> None:
         """UnjournaledUpdate once a journal write has failed: nothing may be answered or saved from memory then."""
         if self.unjournaled is not None:

@@ -15,6 +15,7 @@ place, so several processes may ask for it at once) into the cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 
+@functools.cache  # read once per process: every name a service resolves asks
 def shipped_names() -> list[str]:
     """The names of the built models shipped with this TINY_VERSION (none when the package has no shipped set)."""
     manifest = SHIPPED / "manifest.json"

@@ -433,8 +433,7 @@ class PolicyCore:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
             self.durable.wait()
-            if self.durable.unjournaled is not None:  # memory is ahead of the journal: a restart goes back to it
-                log.error("policy: nothing is saved on stop: %s", self.durable.unjournaled)
+            if self.durable.unjournaled_on_stop():
                 return None
             if self.world_size > 1 and self.trainer.closed:  # a group lost across machines: no state to gather
                 log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "

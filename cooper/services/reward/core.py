@@ -207,8 +207,7 @@ class RewardCore:
     def save_if_unsaved(self, tag: str) -> SavedCheckpoint | None:
         """Save when updates were applied since the last checkpoint (or since start-up without one)."""
         self.durable.wait()
-        if self.durable.unjournaled is not None:  # memory is ahead of the journal: a restart goes back to it
-            log.error("reward: nothing is saved on stop: %s", self.durable.unjournaled)
+        if self.durable.unjournaled_on_stop():
             return None
         return self.save(tag) if self.durable.unsaved(self.updates) else None
 
