@@ -17,7 +17,7 @@ from cooper.modes import reward_mode
 from cooper.orchestrator.best_of_n import BestOfN
 
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
-COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-paper": "tab:olive"}
+COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-rollouts": "tab:cyan", "cooper-paper": "tab:olive"}
 
 
 def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], key: str) -> list[tuple[int, float]]:

@@ -33,18 +33,19 @@ from cooper.config import PAPER_RECIPE
 from cooper.orchestrator.outputs import read_metrics
 
 TARGETS = (*SERVICES, "cli", "redis")
-"""What a run can lose; the tiny preset's variant (`rollouts`) never starts the generator, so it cannot lose it."""
+"""What a run can lose; with negatives from the rollouts alone no generator runs, so a run cannot lose it."""
 EXACT = ("step", "prompt_ids", "data_epoch", "data_offset", "policy_version", "policy_version_sampled",
          "reward_version_used", "reward_version", "pairs", "positive_rate", "valid_pair_rate", "verifier_accuracy",
          "no_answer_rate")
 """Fields that must equal the uninterrupted run's exactly: the data order, the versions, and what the verifier
 and the generator decided (integers and ratios of integers)."""
 RECIPES = {
-    "rollouts": (),
+    "rollouts": ("run.negatives=rollouts",),
     "generator": PAPER_RECIPE,
 }
-"""The tiny preset's variant (negatives from the policy's own rejected rollouts: no generator runs) and the paper's
-recipe (the generator writes every negative; docs/experiments.md, section 0)."""
+"""Negatives from the policy's own rejected rollouts (no generator runs) and the paper's recipe (the generator writes
+every negative; docs/experiments.md, section 0). The tiny preset takes both kinds: the generator's path is the
+paper recipe's, the rollouts' path the variant's."""
 IN_UPDATES = (("policy", "policy_update"), ("reward", "reward_update"))
 """The services killed in the middle of their own update, in every run: each comes back from its checkpoint plus its
 update journal (cooper/runtime/durability.py), and the retried update is applied once."""

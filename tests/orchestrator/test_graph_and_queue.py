@@ -48,9 +48,11 @@ def test_the_modes_are_defined_once():
     assert COOPER.services("generator") == ["verifier", "policy", "reward", "generator"]
     assert COOPER.services("rollouts") == STATIC.services("rollouts") == ["verifier", "policy", "reward"]
     assert RULE.services("generator") == ["verifier", "policy"] and RULE.reward_source == "verifier"
-    # `cooper train` with no arguments (the tiny preset: negatives from the rollouts) starts no generator.
+    # `cooper train` with no arguments (the tiny preset: negatives from the rollouts and the generator) starts all
+    # four; the rollouts alone need no generator.
     tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-    assert services_needed(load_config(tiny, [], environ={})) == ["verifier", "policy", "reward"]
+    assert services_needed(load_config(tiny, [], environ={})) == ["verifier", "policy", "reward", "generator"]
+    assert services_needed(load_config(tiny, ["run.negatives=rollouts"], environ={})) == ["verifier", "policy", "reward"]
     assert "generator" in services_needed(load_config(tiny, list(PAPER_RECIPE), environ={}))
 
 
