@@ -311,7 +311,8 @@ def test_two_nodes_beside_vllm(tmp_path: Path, groups: Callable[..., TwoNodes]) 
 def test_nodes_restarted_one_by_one_meet_again(tmp_path: Path, groups: Callable[..., TwoNodes]) -> None:
     """What compose's restart policy does: the lost node 1 comes back at once, while node 0 and its store are still
     up (the new node 1 meets the old store); node 0 then notices the loss, exits and comes back too. Every process
-    that met a store that is gone ends within the group's timeout, so both nodes meet again, with nothing lost."""
+    that met a store that is gone ends within the group's timeout, and so does a rank whose launcher met the old store
+    but which itself met the new one (no spec comes there), so both nodes meet again, with nothing lost."""
     group = groups(tmp_path / "ckpt", "one-by-one")
     with group.client() as client:
         rollout = rollout_of(client)

@@ -68,7 +68,8 @@ log = logging.getLogger("cooper.policy")
 POLL_S = 0.02
 """The longest pause between two looks at the store while a rank waits for a key (the first ones come sooner)."""
 JOIN_MARGIN_S = 10.0
-"""A follower that has not joined its process group this long after the group's timeout exits (`follow`)."""
+"""A follower launched on a node exits when rank 0's spec has not come, or it has not joined its process group, this
+long after the group's timeout (`follow`), for its launcher to start it again."""
 
 
 @dataclass(frozen=True)
@@ -197,16 +198,28 @@ def join_group(spec: RankSpec, place: Placement, control: Control, device: torch
     return trainer, arguments
 
 
-def follow(place: Placement) -> int:
+def follow(place: Placement, spec_limit_s: float | None) -> int:
     """A rank other than 0: build its shard from the spec rank 0 publishes, then run rank 0's commands until told to
-    stop. Returns the exit code (a rank that fails exits at once: see the module docstring)."""
+    stop. Returns the exit code (a rank that fails exits at once: see the module docstring). `spec_limit_s`: exit if
+    rank 0 has published no spec this long after this rank met the store (None: wait as long as it takes)."""
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s %(levelname)s policy rank {place.rank}: %(message)s")
     control: Control | None = None
+    joined = False  # whether this rank read the spec of the group whose store it met: only then may it report there
     try:
         control = Control(place, timeout_s=600, host=False)
-        control.wait_idle("spec")
+        # Rank 0 publishes the spec once it has loaded its own copy of the model. A node started while node 0 was
+        # going away can have its launcher meet node 0's old store and this rank meet the new node 0's, at the same
+        # address: that store's rank 0 never comes (its launcher waits for this node's), so this rank exits instead,
+        # and its launcher, started again, meets the new store.
+        if spec_limit_s is None:
+            control.wait_idle("spec")
+        elif not control.wait(["spec"], spec_limit_s):
+            raise TimeoutError(f"rank 0 published no spec within {spec_limit_s:g} s: the store at "
+                               f"{place.master_addr}:{place.master_port} may belong to a group this node's launcher "
+                               "did not join")
         spec: RankSpec = control.get("spec")
+        joined = True
         # From here a store that stops answering (node 0 gone, its connection left half-open) ends this rank within
         # the group's timeout, as a lost peer does in a collective, not after the start-up wait above.
         control.store.set_timeout(timedelta(seconds=spec.cfg.distributed.timeout_s))
@@ -237,7 +250,7 @@ def follow(place: Placement) -> int:
         return 0
     except Exception as err:  # report, then exit at once so that no peer waits for this rank in a collective
         log.exception("failed")
-        if control is not None:
+        if control is not None and joined:  # an error key in another group's store would fail that group's start
             try:
                 control.set(f"error/{place.rank}", f"{type(err).__name__}: {err}")
             except Exception:  # noqa: BLE001  the store may be what failed
@@ -252,7 +265,7 @@ def _local_rank_main(place: Placement) -> None:
 
     die_with_parent(signal.SIGKILL)
     os.environ.update(place.env())
-    os._exit(follow(place))
+    os._exit(follow(place, spec_limit_s=None))  # the store is the service's own: no other group can be behind it
 
 
 def _describe_exit(code: int | None) -> str:
