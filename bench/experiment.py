@@ -8,7 +8,7 @@ train` with its own services and embedded Redis), then reads its results.json. T
 the same run: rule mode (the verifier's own 1/0 reward) and static mode (the same initial VerifyRM, never updated)
 start from the same policy, data and seed as cooper.
 
-The criteria (cooper/orchestrator/reproduction.py), per seed:
+The criteria (cooper/experiments/reproduction.py), per seed:
 - rule: test accuracy rises by >= 0.15 (absolute) from the initial policy to the end;
 - static is hacked: the proxy-gold gap (training reward minus the verifier's accuracy on the same rollouts) widens
   by >= 0.25 (means of the first and last 10 steps), and test accuracy ends >= 0.10 below the initial policy's;

@@ -170,7 +170,8 @@ def naive_server(port: int) -> None:
     from fastapi import FastAPI, Request
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from cooper.services.reward.verify_rm import format_input, logit_to_reward
+    from cooper.reward_rule import logit_to_reward
+    from cooper.services.reward.verify_rm import format_input
 
     path = os.environ["COOPER_BENCH_MODEL_DIR"]
     device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")

@@ -64,12 +64,11 @@ class Contender:
 def write_data(steps: int, workdir: Path) -> tuple[str, Path, Path]:
     """The preset's policy model directory (built if need be), its rule-mode prompts of `steps` steps in its order,
     and its test problems, as JSON Lines of prompt and answer (what trl_grpo.py reads)."""
-    from cooper.cli import _preset_path
-    from cooper.config import load_config
+    from cooper.config import load_config, preset_path
+    from cooper.launcher.launch import prepare_models
     from cooper.orchestrator.data import StepData, load_data, prompt_text
-    from cooper.orchestrator.launch import prepare_models
 
-    config = load_config(_preset_path("tiny"), ["run.mode=rule", f"run.steps={steps}"])
+    config = load_config(preset_path("tiny"), ["run.mode=rule", f"run.steps={steps}"])
     prepare_models(config, reward=True)  # the cooper row's VerifyRM too: no command below builds a model
     from cooper.runtime.models import resolve_model
 

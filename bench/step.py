@@ -14,7 +14,7 @@ prompts, prompt template and sampling seeds via `stages.step_seed`), with evalua
     most `reward.batching.max_batch_size` items), policy_update = `PolicyCore.train`, negatives = `make_negatives`
     with `RuleStrategy` and `rules.check` as the verify callable, reward_update = `VerifyRM.update` on the pairs.
     The step time is the wall time of the whole step, stage times are each stage's wall time.
-(b) services: `cooper.orchestrator.launch.train` on the same config in a temporary run directory: an embedded
+(b) services: `cooper.launcher.launch.train` on the same config in a temporary run directory: an embedded
     Redis, the four services as local processes, three stage workers. Stage times are the `time/<stage>` values of
     metrics.jsonl (a worker's wall time for the job: the gRPC call and its Redis reads included, the queue wait
     before a worker takes the job excluded). The step time is the steady-state interval between two consecutive
@@ -76,12 +76,13 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, saving: boo
 def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
     from cooper.orchestrator.data import StepData, load_data, prompt_text
     from cooper.orchestrator.stages import step_seed
+    from cooper.reward_rule import logit_to_reward
     from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
     from cooper.services.policy.core import PolicyCore
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.trainer import RolloutSample
     from cooper.services.reward.core import RewardCore
-    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem, logit_to_reward
+    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
     from cooper.services.verifier.pool import WARM_UP
     from cooper.services.verifier.rules import ReferenceCache, Verdict, check
 

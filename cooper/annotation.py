@@ -219,8 +219,8 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     from tqdm import tqdm
 
     from cooper.config import with_overrides
-    from cooper.orchestrator.launch import write_configs
-    from cooper.orchestrator.local import LocalServices
+    from cooper.launcher.launch import write_configs
+    from cooper.launcher.local import LocalServices
     from cooper.services.generator.client import GeneratorClient
     from cooper.services.generator.messages import JudgeItem, Judgment
     from cooper.services.verifier.client import VerifierClient

@@ -8,13 +8,13 @@ import faulthandler
 import importlib
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cooper.config import ConfigError, CooperConfig, load_config, to_yaml
+from cooper import __version__
+from cooper.config import ConfigError, CooperConfig, load_config, preset_path, to_yaml
 
 # Each service module defines `async def create_service(config) -> cooper.runtime.server.GrpcService`.
 SERVICES = {
@@ -48,24 +48,10 @@ Examples:
 """
 
 
-def presets_dir() -> Path:
-    """Where the presets are: cooper/configs/ in an installed wheel (setup.py puts configs/ there), else configs/
-    of the checkout this package runs from (an editable install)."""
-    packaged = Path(__file__).resolve().parent / "configs"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "configs"
-
-
-def _preset_path(name: str | None) -> str | None:
-    """A bare preset name ("tiny") means <name>.yaml of the presets; a path is left as it is."""
-    if name is None or os.sep in name or name.endswith((".yaml", ".yml")):
-        return name
-    return str(presets_dir() / f"{name}.yaml")
-
-
 def _preset_config(args: argparse.Namespace) -> CooperConfig | None:
     """The config of --config (a file or a preset name; default tiny) and the overrides; None when --check-config
     asked only to print it (done here)."""
-    config = load_config(_preset_path(args.config or "tiny"), args.overrides)
+    config = load_config(preset_path(args.config or "tiny"), args.overrides)
     if args.check_config:
         print(to_yaml(config), end="")
         return None
@@ -85,11 +71,11 @@ def _add_config_options(parser: argparse.ArgumentParser, overrides_example: str,
 def _train(args: argparse.Namespace) -> int:
     if args.resume and (args.config or args.overrides):
         raise ConfigError("--resume continues a run with its own saved config; drop --config and the overrides")
-    config = load_config(_preset_path(args.config or ("tiny" if not args.resume else None)), args.overrides)
+    config = load_config(preset_path(args.config or ("tiny" if not args.resume else None)), args.overrides)
     if args.check_config:
         print(to_yaml(config), end="")
         return 0
-    from cooper.orchestrator.launch import existing_run, train
+    from cooper.launcher.launch import existing_run, train
 
     resume = args.resume
     if args.resume_existing and resume is None:
@@ -110,7 +96,7 @@ def _experiment(args: argparse.Namespace) -> int:
     config = _preset_config(args)
     if config is None:
         return 0
-    from cooper.orchestrator.experiment import run_experiment
+    from cooper.experiments.experiment import run_experiment
 
     _, verdict = run_experiment(config, modes, seeds=args.seeds, parallel=args.parallel,
                                 best_of_n_samples=args.best_of_n, progress=not args.no_progress,
@@ -125,8 +111,10 @@ mean over seeds), overoptimization.png (verifier accuracy and training reward ag
 policy, with best-of-n of the initial VerifyRM as the no-training baseline), rm_health.png (AUROC of VerifyRM
 against the verifier on the policy's samples, false-positive rate, pair accuracy), results.md and results.json
 (per mode and seed: test accuracy before and after, training reward at start and end, AUROC; and whether the
-paper's finding was reproduced: rule improves, static's reward climbs while its test accuracy falls, cooper keeps
-up with rule and its VerifyRM keeps agreeing with the verifier).
+paper's finding was reproduced, per seed: rule's held-out accuracy rises by 0.15 or more; static is hacked, its
+proxy-gold gap (training reward minus the verifier's accuracy on the same rollouts) widening by 0.25 or more while
+its held-out accuracy ends 0.10 or more below the start; cooper ends within 0.05 of rule, its VerifyRM's AUROC
+against the verifier on the policy's samples 0.8 or more over the second half; cooper/experiments/reproduction.py).
 
 Examples:
   cooper experiment                                   # the tiny preset, one seed
@@ -175,6 +163,19 @@ def _annotate(args: argparse.Namespace) -> int:
     return 0
 
 
+PRETRAIN_EPILOG = """\
+The initial VerifyRM of the paper (docs/design.md, section 2.5): reward.model (a base model: a hub id, a model
+directory, or a tiny name) with a one-output head, trained with binary cross-entropy on labelled triples, then
+written as a model directory that reward.model can name. Input: JSON Lines with "question", "reference" (or
+"answer"), "completion" and a boolean "label": what `cooper annotate` writes. A share of the triples (--holdout) is
+held out and scored before and after, so the printed accuracy says whether the training took. Prints one JSON line.
+Examples:
+  cooper pretrain-rm labelled.jsonl -o models/verify-rm reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
+  cooper eval-rm verifybench.jsonl reward.model=models/verify-rm
+  cooper train --config qwen2.5-1.5b-cooper reward.model=models/verify-rm
+"""
+
+
 def _pretrain_rm(args: argparse.Namespace) -> int:
     config = _preset_config(args)
     if config is None:
@@ -213,7 +214,8 @@ def _eval_rm(args: argparse.Namespace) -> int:
     if config is None:
         return 0
 
-    from cooper.evaluation.rm_bench import format_table, run_eval_rm
+    from cooper.eval_rm import run_eval_rm
+    from cooper.evaluation.rm_bench import format_table
 
     report = run_eval_rm(config, args.input)
     print(f"{args.input}: {report['n']} completions ({report['gold_correct']} labelled correct); "
@@ -265,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    parser.add_argument("--version", action="version", version=f"cooper {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run one service (gRPC; the reward service also serves HTTP)",
@@ -291,7 +294,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXPERIMENT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     experiment.add_argument("--modes", default="rule,static,cooper",
                             help="comma-separated modes (default: all three); cooper-paper adds the paper's recipe "
-                                 "beside the preset's cooper")
+                                 "beside the preset's cooper, cooper-rollouts cooper with the rejected rollouts alone "
+                                 "as negatives")
     experiment.add_argument("--seeds", type=_seed_list, default=None,
                             help="comma-separated run seeds, e.g. 0,1,2 (default: run.seed alone)")
     experiment.add_argument("--parallel", type=int, default=1,
@@ -316,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
 
     pretrain = sub.add_parser(
         "pretrain-rm", help="train the initial VerifyRM (BCE) on labelled triples and save it as a model directory",
-        epilog=ANNOTATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=PRETRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     pretrain.add_argument("input", help="JSON Lines with question, reference, completion and a boolean label")
     pretrain.add_argument("-o", "--output", required=True, help="model directory to write (reward.model can name it)")
     pretrain.add_argument("--epochs", type=int, default=3, help="passes over the triples (paper: 3)")
@@ -346,13 +350,16 @@ def _parser() -> argparse.ArgumentParser:
                       help="skip rows without a usable question or answer (default: fail on the first)")
 
     show = sub.add_parser("config", help="print the resolved config as YAML (validates it)")
-    show.add_argument("--config", help="YAML config file")
+    show.add_argument("--config", help="YAML config file or preset name (default: tiny, what `cooper train` runs; "
+                                       "`--config none` shows the built-in defaults alone)")
     show.add_argument("overrides", nargs="*", help="dotted overrides")
+    for command in sub.choices.values():  # also after the command (`cooper train --log-level DEBUG`)
+        command.add_argument("--log-level", default=argparse.SUPPRESS, help="as before the command")
     return parser
 
 
 def _load(args: argparse.Namespace, extra: Sequence[str] = ()) -> CooperConfig:
-    return load_config(args.config, [*extra, *args.overrides])
+    return load_config(preset_path(args.config), [*extra, *args.overrides])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -427,7 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "data":
             return _data(args)
         if args.command == "config":
-            print(to_yaml(_load(args)), end="")
+            shown = None if args.config == "none" else preset_path(args.config or "tiny")
+            print(to_yaml(load_config(shown, args.overrides)), end="")
             return 0
     except _input_errors() as err:
         print(f"cooper: {err}", file=sys.stderr)

@@ -880,6 +880,20 @@ def describe_errors(err: ValidationError, origin: str) -> str:
     return f"{origin}: " + "; ".join(lines)
 
 
+def presets_dir() -> Path:
+    """Where the presets are: cooper/configs/ in an installed wheel (setup.py puts configs/ there), else configs/
+    of the checkout this package runs from (an editable install)."""
+    packaged = Path(__file__).resolve().parent / "configs"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
+def preset_path(name: str | None) -> str | None:
+    """A bare preset name ("tiny") means <name>.yaml of the presets; a path is left as it is."""
+    if name is None or os.sep in name or name.endswith((".yaml", ".yml")):
+        return name
+    return str(presets_dir() / f"{name}.yaml")
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: Sequence[str] = (),

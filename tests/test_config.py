@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cooper.config import ConfigError, CooperConfig, cli_overrides, env_overrides, load_config
 
@@ -88,6 +89,30 @@ def test_cli_rejects_a_bad_key_fast():
     assert "unknown config key 'verifier.wrkers'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert elapsed < 3.0  # includes interpreter start-up; the check itself is well under a second
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COOPER_")}
+    return subprocess.run([sys.executable, "-m", "cooper.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=60)
+
+
+def test_the_cli_answers_what_it_is_asked():
+    import cooper
+
+    assert cli("--version").stdout.strip() == f"cooper {cooper.__version__}"
+    # Plain `cooper config` shows what plain `cooper train` runs (the tiny preset); `none` the built-in defaults.
+    shown = cli("config", "--log-level", "WARNING")  # the flag after the command, too
+    assert shown.returncode == 0, shown.stderr
+    assert CooperConfig.model_validate(yaml.safe_load(shown.stdout)).data.preset == "tiny"
+    defaults = CooperConfig.model_validate(yaml.safe_load(cli("config", "--config", "none").stdout))
+    assert defaults == CooperConfig()
+    # Every command that takes --config takes a preset's name.
+    checked = cli("serve", "verifier", "--config", "tiny", "--check-config")
+    assert checked.returncode == 0 and "config ok for service verifier" in checked.stderr, checked.stderr
+    # Each command's help describes that command.
+    assert "binary cross-entropy" in cli("pretrain-rm", "--help").stdout
+    assert "widening by 0.25 or more" in cli("experiment", "--help").stdout
 
 
 def test_overriding_one_key_keeps_the_sections_other_defaults(tmp_path):

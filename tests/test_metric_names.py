@@ -8,6 +8,8 @@ import pytest
 from cooper import metric_names as names
 from cooper.evaluation.alarm import FALSE_POSITIVE_SHARE, SIGNALS, AlarmSettings, HackingAlarm, signal_values
 from cooper.evaluation.exploit_check import step_counts
+from cooper.experiments.experiment import accuracy_points, alarm_table
+from cooper.experiments.reproduction import summarize
 from cooper.metric_names import (
     ALARM_EVENT,
     ALARM_RM_NEGATIVES,
@@ -29,9 +31,7 @@ from cooper.metric_names import (
     TEST_INITIAL,
     VERIFIER_ACCURACY,
 )
-from cooper.orchestrator.experiment import accuracy_points, alarm_table
-from cooper.orchestrator.figures import action_spans
-from cooper.orchestrator.reproduction import summarize
+from cooper.orchestrator.outputs import action_spans
 
 CONSTANTS = {name: value for name, value in vars(names).items() if name.isupper()}
 

@@ -58,8 +58,8 @@ def test_the_installed_package_finds_the_default_preset_from_an_empty_directory(
     empty.mkdir()
     # On sys.path ahead of the checkout (an editable install's finder comes after it), as a wheel install would be.
     probe = ("import cooper, cooper.cli; from cooper.config import load_config; "
-             "print(cooper.__file__); print(cooper.cli._preset_path('tiny')); "
-             "print(load_config(cooper.cli._preset_path('tiny'), [], environ={}).data.preset)")
+             "print(cooper.__file__); print(cooper.config.preset_path('tiny')); "
+             "print(load_config(cooper.config.preset_path('tiny'), [], environ={}).data.preset)")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=empty, timeout=60,
                             env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from cooper.config import OptimConfig
+from cooper.reward_rule import logit_to_reward
 from cooper.services.reward.items import ScoreItem
-from cooper.services.reward.verify_rm import VerifyRM, logit_to_reward
+from cooper.services.reward.verify_rm import VerifyRM
 
 MAX_LENGTH = 2048  # reward.max_length's default, as the service runs it
 

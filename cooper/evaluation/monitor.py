@@ -38,10 +38,10 @@ def auroc(scores: Sequence[float], correct: Sequence[bool]) -> float | None:
     return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
 
 
-def false_positive_rate(scores: Sequence[float], correct: Sequence[bool], threshold: float = 0.5) -> float | None:
-    """Share of verifier-wrong samples that VerifyRM scores above `threshold`; None when there are none."""
-    wrong = [s for s, c in zip(scores, correct, strict=True) if not c]
-    return sum(s > threshold for s in wrong) / len(wrong) if wrong else None
+def false_positive_rate(accepted: Sequence[bool], correct: Sequence[bool]) -> float | None:
+    """Share of verifier-wrong samples that VerifyRM accepts (cooper/reward_rule.py); None when there are none."""
+    wrong = [a for a, c in zip(accepted, correct, strict=True) if not c]
+    return sum(wrong) / len(wrong) if wrong else None
 
 
 def mean_or_none(values: Sequence[float | None]) -> float | None:

@@ -15,8 +15,8 @@ overall and per answer type. VerifyRM also gets AUROC, which needs no threshold:
 completion scores above an incorrect one. The verifier gives no score, so it has no AUROC; its verdict counts show
 where it misses (NO_ANSWER on correct answers in unusual forms is its typical failure).
 
-The pure part (reading, metrics, table) needs neither torch nor services; `run_eval_rm` at the end loads VerifyRM and
-starts verifier workers (or uses running services) for `cooper eval-rm`. Left out: confidence intervals (the report
+Everything here is pure (reading, metrics, table): neither torch nor services. `cooper eval-rm` (cooper/eval_rm.py)
+loads VerifyRM and starts verifier workers, or uses running services. Left out: confidence intervals (the report
 gives n, so a reader can judge) and VerifyBench-Hard's extra fields.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 
 from cooper.evaluation.monitor import auroc
 from cooper.jsonl import read_json_objects
+from cooper.reward_rule import accepts_score
 
 UNKNOWN_TYPE = "unknown"
 TINY = "tiny"  # names the benchmark built from the tiny task instead of a file
@@ -167,7 +168,7 @@ def judge_report(items: Sequence[BenchItem], says_correct: Sequence[bool],
 
 def reward_model_report(items: Sequence[BenchItem], scores: Sequence[float]) -> JudgeReport:
     """VerifyRM says correct when its score (sigmoid of the logit) is above 0.5."""
-    return judge_report(items, [score > 0.5 for score in scores], scores)
+    return judge_report(items, [accepts_score(score) for score in scores], scores)
 
 
 def verifier_report(items: Sequence[BenchItem], verdicts: Sequence[str]) -> JudgeReport:
@@ -206,61 +207,3 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"VerifyRM AUROC {_cell(rm['auroc'])}; says correct on {rm['says_correct']:.1%} "
                  f"(gold: {report['gold_correct'] / report['n']:.1%}); verifier verdicts: {verdicts}")
     return "\n".join(lines)
-
-
-# ----- the command -----
-
-
-def score_with_reward_model(config: Any, items: Sequence[BenchItem]) -> tuple[list[float], int | None]:
-    """(sigmoid scores in item order, the model version or None). Through the running reward service when
-    reward.server.address names one (its current version), else reward.model loaded here the way the service
-    loads it (a tiny name, a hub id or a model directory such as a run's reward checkpoint)."""
-    from cooper.services.reward.items import ScoreItem
-
-    score_items = [ScoreItem(i.question, i.reference, i.completion) for i in items]
-    reward = config.reward
-    if reward.server.address:
-        from cooper.services.reward.client import RewardClient
-
-        with RewardClient(reward.server.address, reward.server, config.security) as client:
-            result = client.score(score_items)
-        return list(result.scores), result.version
-    import torch
-
-    from cooper.runtime.models import resolve_model
-    from cooper.services.reward.verify_rm import VerifyRM, logit_to_reward
-
-    if reward.torch_threads:
-        torch.set_num_threads(reward.torch_threads)
-    rm = VerifyRM.load(resolve_model(reward.model, "reward"), reward.optim, reward.max_length, reward.device,
-                       reward.dtype)
-    logits = rm.logits(rm.encode(score_items), reward.batching.max_batch_size, reward.batching.max_tokens)
-    return [logit_to_reward(x) for x in logits], None
-
-
-def verify_with_rules(config: Any, items: Sequence[BenchItem]) -> list[str]:
-    """Verdict names in item order: through the running verifier service when verifier.server.address names one,
-    else math-verify in worker processes started here (the service's own pool, same time limits)."""
-    pairs = [(i.completion, i.reference) for i in items]
-    verifier = config.verifier
-    if verifier.server.address:
-        from cooper.services.verifier.client import Verdict, VerifierClient
-
-        with VerifierClient(verifier.server.address, verifier.server, config.security) as client:
-            return [Verdict.Name(r.verdict) for r in client.verify_pairs(pairs)]
-    from cooper.services.verifier.pool import VerifierPool
-
-    pool = VerifierPool(verifier.workers, verifier.timeout_s, verifier.chunk_size, verifier.max_chars)
-    try:
-        return [check.verdict.name for check in pool.check_all(pairs)]
-    finally:
-        pool.close()
-
-
-def run_eval_rm(config: Any, source: str) -> dict[str, Any]:
-    """`cooper eval-rm`: both judges on the benchmark `source` (a file, or `tiny`); the report as a dict."""
-    items = load_bench(source)
-    scores, version = score_with_reward_model(config, items)
-    verdicts = verify_with_rules(config, items)
-    return {"input": source, "reward_model": config.reward.model, "reward_version": version,
-            **compare_judges(items, scores, verdicts)}

@@ -69,7 +69,7 @@ from cooper.orchestrator.stage_results import (
     ScoreResult,
     VerificationResult,
 )
-from cooper.orchestrator.stages import StageContext
+from cooper.orchestrator.stages import StageContext, rm_accepts
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
 from cooper.runtime.files import write_atomically
@@ -113,18 +113,18 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "data_offset": ro["data_position"]["offset"],
     }
     if graph.reward.reward_model_scores:
-        # How often VerifyRM (reward > 0.5) and the verifier disagree: the first sign of reward hacking.
-        record[RM_VERIFIER_DISAGREEMENT] = _mean([float((r > 0.5) != c) for r, c in zip(rewards, correct, strict=True)])
+        # How often VerifyRM and the verifier disagree: the first sign of reward hacking.
+        accepted = rm_accepts(sc)
+        record[RM_VERIFIER_DISAGREEMENT] = _mean([float(a != c) for a, c in zip(accepted, correct, strict=True)])
         record[REWARD_ACCURACY_GAP] = record[REWARD_MEAN] - record[VERIFIER_ACCURACY]
-        # Threshold-free: does VerifyRM still rank the verifier's correct rollouts above its wrong ones? And how
-        # many wrong ones does it accept (sigmoid(logit) > 0.5)? On the logits, which the discrete variant keeps.
-        logits = sc.get("logits") or [r - 0.5 for r in rewards]
-        record[RM_AUROC] = auroc(logits, correct)
+        # Threshold-free: does VerifyRM still rank the verifier's correct rollouts above its wrong ones? On the
+        # logits, which the discrete variant keeps. And how many wrong ones does it accept?
+        record[RM_AUROC] = auroc(sc.get("logits") or rewards, correct)
         record[RM_AUROC_SUPPORT] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
-        record[RM_FALSE_POSITIVE_RATE] = false_positive_rate(logits, correct, threshold=0.0)
+        record[RM_FALSE_POSITIVE_RATE] = false_positive_rate(accepted, correct)
         record[ROLLOUTS] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
         # The alarm's absolute check counts prompts, not rollouts: a blind spot is usually a prompt's (exploit_check.py)
-        record[RM_FALSE_POSITIVES_BY_PROMPT] = false_positives_by_prompt(logits, correct,
+        record[RM_FALSE_POSITIVES_BY_PROMPT] = false_positives_by_prompt(accepted, correct,
                                                                          len(correct) // len(ro["prompts"]))
     if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
         record[ALARM_ROLLED_BACK_TO] = pu["rolled_back_to"]

@@ -41,6 +41,7 @@ from cooper.orchestrator.stage_results import (
     StageResult,
     VerificationResult,
 )
+from cooper.reward_rule import accepts, accepts_score, logit_to_reward
 from cooper.runtime.client import ServiceClient
 from cooper.runtime.ledger import idempotency_key
 from cooper.services.generator.client import GeneratorClient
@@ -356,14 +357,18 @@ def verified_positives(ro: RolloutResult, ve: VerificationResult) -> dict[str, s
 
 
 def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: ScoreResult) -> list[PreferencePair]:
-    """The rollouts VerifyRM accepted (logit > 0, reward > 0.5) and the verifier rejected (INCORRECT or NO_ANSWER),
-    each as the negative against its prompt's verified positive; prompts without one give none."""
+    """The rollouts VerifyRM accepted and the verifier rejected (INCORRECT or NO_ANSWER), each as the negative
+    against its prompt's verified positive; prompts without one give none."""
     positives, by_id = verified_positives(ro, ve), prompts_by_id(ro)
-    logits = sc["logits"] or [r - 0.5 for r in sc["rewards"]]
     return [PreferencePair(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                            positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-            for c, v, logit in zip(ro["completions"], ve["verdicts"], logits, strict=True)
-            if v in ("INCORRECT", "NO_ANSWER") and logit > 0 and c["prompt_id"] in positives]
+            for c, v, accepted in zip(ro["completions"], ve["verdicts"], rm_accepts(sc), strict=True)
+            if v in ("INCORRECT", "NO_ANSWER") and accepted and c["prompt_id"] in positives]
+
+
+def rm_accepts(sc: ScoreResult) -> list[bool]:
+    """Per rollout, whether VerifyRM accepted it: from its logits, or its rewards where no logits were recorded."""
+    return [accepts(x) for x in sc["logits"]] if sc["logits"] else [accepts_score(r) for r in sc["rewards"]]
 
 
 def negatives(ctx: StageContext, step: int) -> NegativesResult:
@@ -444,7 +449,6 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     """The reward model's current version against the human labels of eval.rm_benchmark_path: accuracy (score >
     0.5 says correct) and AUROC. One Score call, so every score comes from the one version it reports; in cooper
     mode that is v_t or v_{t+1}, whichever the reward service holds when evaluation runs beside reward_update(t)."""
-    from cooper.services.reward.verify_rm import logit_to_reward
 
     items = [ScoreItem(i.question, i.reference, i.completion) for i in ctx.rm_bench]
     scored = ctx.reward.score(items)

@@ -1,1 +1,10 @@
-"""What every Cooper service shares: the gRPC server runtime and the client side of it."""
+"""What every Cooper service shares.
+
+- `server.py`, `client.py`, `security.py`, `healthcheck.py`: the gRPC server runtime, the client side (deadlines,
+  retries on UNAVAILABLE), bearer token and TLS, the health probe.
+- `processes.py`: services as child processes on free loopback ports.
+- `models.py`, `devices.py`, `vllm_support.py`: model names to directories, devices and dtypes, what every vLLM engine
+  needs.
+- `durability.py`, `checkpoint.py`, `journal.py`, `ledger.py`, `files.py`: how a trainer keeps what it answered
+  (background checkpoints, the update journal, idempotency keys, atomic files).
+"""

@@ -8,6 +8,10 @@ every service resolves them without importing this package:
 - "tiny-sft", "tiny-sft-hd32": the warm-started policy (of "tiny", of "tiny-hd32"); "tiny-rm": the pretrained
   VerifyRM (warm_start.py); "tiny-rm-noisy": the same, pretrained on labels of which a quarter are flipped;
   "tiny-rm-keyed": the same with an answer key (bare right answers) among its positives.
+
+The modules: `task.py` (the task), `examples.py` (fixed worked solutions), `models.py` (tokenizer and models,
+shipped or built), `warm_start.py` (the SFT policy and the VerifyRMs), `quality.py` (what they measure), `ship.py`
+(writing the shipped set).
 """
 
 import importlib

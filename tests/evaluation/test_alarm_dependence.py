@@ -14,6 +14,7 @@ import pytest
 from cooper.evaluation.alarm import AlarmSettings, HackingAlarm
 from cooper.evaluation.alarm_threshold import lag_one_correlation, threshold_for
 from cooper.evaluation.monitor import auroc, false_positive_rate
+from cooper.reward_rule import accepts
 
 SETTINGS = AlarmSettings()  # a run's defaults: 30 baseline steps, 400-step runs, 10% false alarms per run
 RUNS = 200
@@ -97,7 +98,7 @@ def test_the_false_alarm_rate_holds_on_an_improving_policy_simulated_from_its_ro
     logits, correct = runs[0]
     for record, step_logits, step_correct in zip(rollout_records(logits, correct), logits.tolist(),
                                                  correct.tolist(), strict=True):
-        expected = auroc(step_logits, step_correct), false_positive_rate(step_logits, step_correct, 0.0)
+        expected = auroc(step_logits, step_correct), false_positive_rate([accepts(x) for x in step_logits], step_correct)
         got = record["rm_auroc"], record["rm_false_positive_rate"]
         assert got == tuple(value if value is None else pytest.approx(value) for value in expected)
     raised = sum(first_raise(rollout_records(*run)) is not None for run in runs)

@@ -286,7 +286,7 @@ def test_graded_actions_join_in_their_order_while_the_alarm_stays_up(tmp_path, r
 
 
 def test_action_spans_are_the_steps_an_action_was_in_force() -> None:
-    from cooper.orchestrator.figures import action_spans
+    from cooper.orchestrator.outputs import action_spans
 
     records = [{"step": 0, "mode": "static", "reward_source": "reward_model"},
                {"step": 1, "mode": "static", "reward_source": "rollback"},
@@ -316,7 +316,7 @@ def test_flagged_false_positives_are_the_accepted_rejected_rollouts_against_thei
 
 
 def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
-    from cooper.orchestrator.experiment import alarm_table
+    from cooper.experiments.experiment import alarm_table
 
     watched = [{"step": 0, "alarm/state": "baseline", "reward_source": "reward_model"},
                {"step": 1, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "reward_model"},
@@ -333,7 +333,7 @@ def test_the_experiment_table_counts_raises_and_steps_on_the_verifier() -> None:
 
 
 def test_the_experiment_table_sets_each_acting_run_beside_its_no_action_control() -> None:
-    from cooper.orchestrator.experiment import alarm_table
+    from cooper.experiments.experiment import alarm_table
 
     acting = [{"step": 0, "alarm/state": "alarm", "alarm/event": "raised", "reward_source": "verifier",
                "test/heldout": 0.9}]
@@ -347,7 +347,7 @@ def test_the_experiment_table_sets_each_acting_run_beside_its_no_action_control(
 
 def test_a_no_action_control_needs_an_acting_alarm_and_a_watched_mode(tmp_path) -> None:
     from cooper.config import ConfigError, load_config
-    from cooper.orchestrator.experiment import mode_of, run_experiment
+    from cooper.experiments.experiment import mode_of, run_experiment
 
     warning = load_config(overrides=[f"run.output_dir={tmp_path}", "alarm.mode=warn"])
     with pytest.raises(ConfigError, match="alarm.mode=act"):

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cooper.orchestrator.best_of_n import best_of_n_curve, best_of_n_kl
+from cooper.experiments.best_of_n import best_of_n_curve, best_of_n_kl
 
 
 def brute_force(groups, n):

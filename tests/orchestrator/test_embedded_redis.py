@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cooper.orchestrator.embedded_redis import SOCKET_PATH_MAX, EmbeddedRedis
+from cooper.launcher.embedded_redis import SOCKET_PATH_MAX, EmbeddedRedis
 
 
 def test_state_survives_a_stop_and_nothing_is_left_but_the_aof(tmp_path):

@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from cooper.orchestrator.experiment import accuracy_points, compare_plot, compare_table
+from cooper.experiments.experiment import accuracy_points, compare_plot, compare_table
 
 
 def _records(mode: str, rewards: list[float]) -> list[dict]:
@@ -35,7 +35,7 @@ def test_compare_table_and_plot(tmp_path):
 def test_experiment_rejects_unknown_modes():
     result = subprocess.run([sys.executable, "-m", "cooper.cli", "experiment", "--modes", "rule,greedy"],
                             capture_output=True, text=True)
-    assert result.returncode == 2 and "--modes takes rule, static, cooper, cooper-paper" in result.stderr
+    assert result.returncode == 2 and "--modes takes rule, static, cooper, cooper-rollouts, cooper-paper" in result.stderr
 
 
 def test_test_accuracy_starts_at_the_initial_policy_and_seeds_average(tmp_path):
@@ -58,8 +58,8 @@ def test_experiment_rejects_bad_seeds():
 
 
 def test_overoptimization_and_health_plots(tmp_path):
-    from cooper.orchestrator.best_of_n import BestOfN
-    from cooper.orchestrator.figures import mean_over_seeds, overoptimization_plot, rm_health_plot, smooth
+    from cooper.experiments.best_of_n import BestOfN
+    from cooper.experiments.figures import mean_over_seeds, overoptimization_plot, rm_health_plot, smooth
 
     seeds = []
     for offset in (0.0, 0.1):
@@ -80,7 +80,7 @@ def test_a_run_dies_with_a_killed_experiment(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from cooper.orchestrator.experiment import start_child\n"
+        "from cooper.experiments.experiment import start_child\n"
         f"child = start_child(['sleep', '120'], Path({str(tmp_path / 'run.log')!r}))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
@@ -100,7 +100,7 @@ def test_results_name_the_initial_models_and_the_cpu_kernels():
     import hashlib
 
     from cooper.config import load_config
-    from cooper.orchestrator.experiment import provenance
+    from cooper.experiments.experiment import provenance
     from cooper.runtime.models import resolve_model
 
     config = load_config(None, ["policy.model=tiny", "reward.model=tiny"])

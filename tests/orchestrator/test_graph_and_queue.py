@@ -11,12 +11,12 @@ import pytest
 import redis
 
 from cooper.config import PAPER_RECIPE, CooperConfig, RunConfig, load_config
+from cooper.launcher.local import services_needed
 from cooper.modes import COOPER, MODES, RULE, STATIC
 from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
-from cooper.orchestrator.local import services_needed
 from cooper.orchestrator.run_store import JobStatus, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker
@@ -212,7 +212,7 @@ def test_enqueue_is_idempotent_and_runs_do_not_share_keys(redis_client, run_id):
 
 
 def test_resume_existing_finds_a_started_run_only(tmp_path):
-    from cooper.orchestrator.launch import RESOLVED, existing_run
+    from cooper.launcher.launch import RESOLVED, existing_run
 
     config = CooperConfig.model_validate({"run": {"name": "r1", "output_dir": str(tmp_path)}})
     assert existing_run(config) is None
@@ -226,7 +226,7 @@ def test_prepare_models_builds_only_for_services_this_run_starts(monkeypatch):
     """Under compose or Kubernetes the services build their own tiny models; the orchestrator must not (it cost
     every orchestrator container start a minute of CPU, in a cache no service reads)."""
     import cooper.runtime.models as models
-    from cooper.orchestrator.launch import prepare_models
+    from cooper.launcher.launch import prepare_models
 
     built: list[tuple[str, str]] = []
     monkeypatch.setattr(models, "resolve_model", lambda name, kind: built.append((name, kind)) or name)

@@ -159,8 +159,8 @@ def test_expect_version_accepts_only_the_recorded_version_or_a_replay():
 
 def test_the_watchdog_restarts_a_service_on_its_port_then_gives_up(tmp_path):
     from cooper.config import CooperConfig, with_overrides
-    from cooper.orchestrator.launch import write_configs
-    from cooper.orchestrator.local import LocalServices
+    from cooper.launcher.launch import write_configs
+    from cooper.launcher.local import LocalServices
     from cooper.services.verifier.client import VerifierClient, VerifyItem
 
     config = with_overrides(CooperConfig(), ["run.service_restarts=1", "verifier.server.port=0", "verifier.workers=1",
@@ -189,8 +189,8 @@ def test_a_service_killed_while_it_restarts_is_restarted_again(tmp_path):
     service that cannot start (seen in bench/chaos.py: two kills of the generator, the second during its restart,
     stopped the run with restarts left)."""
     from cooper.config import CooperConfig, with_overrides
-    from cooper.orchestrator.launch import write_configs
-    from cooper.orchestrator.local import LocalServices
+    from cooper.launcher.launch import write_configs
+    from cooper.launcher.local import LocalServices
     from cooper.services.verifier.client import VerifierClient, VerifyItem
 
     config = with_overrides(CooperConfig(), ["run.service_restarts=2", "verifier.server.port=0", "verifier.workers=1",
@@ -216,8 +216,8 @@ def test_a_sigkilled_service_leaves_no_pymp_directory(tmp_path):
     """multiprocessing's pymp-* directory (here the verifier's forkserver's) is removed only by a normal exit: each
     service has a TMPDIR of its own, emptied when the watchdog restarts it and removed when it is stopped."""
     from cooper.config import CooperConfig, with_overrides
-    from cooper.orchestrator.launch import write_configs
-    from cooper.orchestrator.local import LocalServices
+    from cooper.launcher.launch import write_configs
+    from cooper.launcher.local import LocalServices
     from cooper.services.verifier.client import VerifierClient, VerifyItem
 
     config = with_overrides(CooperConfig(), ["run.service_restarts=1", "verifier.server.port=0", "verifier.workers=1",

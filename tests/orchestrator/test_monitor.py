@@ -4,6 +4,7 @@ import random
 import pytest
 
 from cooper.evaluation.monitor import auroc, false_positive_rate, mean_or_none
+from cooper.reward_rule import accepts_score
 
 
 def brute_auroc(scores, correct):
@@ -33,12 +34,13 @@ def test_auroc_is_threshold_free():
     scores, correct = [0.9, 0.7, 0.8, 0.6], [True, False, True, False]
     shifted = [s / 10 for s in scores]  # every score drifts down: rates at 0.5 change, AUROC does not
     assert auroc(scores, correct) == auroc(shifted, correct) == 1.0
-    assert false_positive_rate(scores, correct) == 1.0 and false_positive_rate(shifted, correct) == 0.0
+    assert false_positive_rate([accepts_score(s) for s in scores], correct) == 1.0
+    assert false_positive_rate([accepts_score(s) for s in shifted], correct) == 0.0
 
 
 def test_false_positive_rate():
-    assert false_positive_rate([0.9, 0.4, 0.6, 0.2], [True, False, False, False]) == pytest.approx(1 / 3)
-    assert false_positive_rate([0.9], [True]) is None
+    assert false_positive_rate([True, False, True, False], [True, False, False, False]) == pytest.approx(1 / 3)
+    assert false_positive_rate([True], [True]) is None
     with pytest.raises(ValueError):
         auroc([0.1], [True, False])
 

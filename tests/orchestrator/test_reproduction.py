@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
+from cooper.experiments.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
 
 
 def run(rewards, tests, auroc=None, kl=None, accuracy=None):

@@ -69,7 +69,7 @@ def test_step_record_logs_rm_bench_metrics_on_evaluation_steps(redis_client, run
     graph = StepGraph("static", 2, 2)
     results = {
         g.ROLLOUT: {"prompts": [{"example": "a"}], "policy_version": 0, "data_position": {"epoch": 0, "offset": 0}},
-        g.VERIFY: {"verdicts": ["CORRECT"]}, g.SCORE: {"rewards": [0.9], "reward_version": 0},
+        g.VERIFY: {"verdicts": ["CORRECT"]}, g.SCORE: {"rewards": [0.9], "logits": [], "reward_version": 0},
         g.POLICY_UPDATE: {"metrics": {}, "policy_version": 1},
         g.EVALUATE: {"accuracy": {"heldout": 0.5, "seen": 0.75}, "policy_version": 1,
                      "rm_bench": {"accuracy": 0.75, "auroc": 0.8, "reward_version": 0}},

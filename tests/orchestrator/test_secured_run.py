@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from cooper.config import load_config
-from cooper.orchestrator.local import open_redis
+from cooper.launcher.local import open_redis
 from cooper.orchestrator.outputs import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

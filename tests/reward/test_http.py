@@ -197,7 +197,8 @@ def test_get_reward_without_labels_takes_the_reference_from_the_template_in_the_
 
 
 def test_vllm_classify_shape_scores_template_texts(served: Served) -> None:
-    from cooper.services.reward.verify_rm import format_input, logit_to_reward
+    from cooper.reward_rule import logit_to_reward
+    from cooper.services.reward.verify_rm import format_input
 
     items = tiny_items(3, seed=7)
     texts = [format_input(i.question, i.reference, i.completion) for i in items]

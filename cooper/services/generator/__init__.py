@@ -1,1 +1,7 @@
-"""The generator service: verified hard negatives (assistant rewrites or rule-based perturbation) and an LLM judge."""
+"""The generator service: verified hard negatives and an LLM judge.
+
+- `negatives.py`: propose a wrong rewrite of a positive, keep it when the verifier proves it wrong; the proposers:
+  `assistant.py` (an LLM), `perturb.py` and `varied.py` (rule-based).
+- `judge.py`: the LLM judge of hybrid annotation.
+- `server.py`: the gRPC front; `client.py`: its client; `messages.py`: the dataclasses they speak.
+"""

@@ -1,8 +1,10 @@
 """The policy service: rollouts (transformers or vLLM) and the GRPO update.
 
-`grpo.py` the loss (pure torch), `trainer.py` the update loop (one rank or many), `sharded.py` / `ranks.py` the
-FSDP2 ranks (their collectives, and the processes that run them), `models.py` loading the policy and its reference,
-`engine.py` / `hf_engine.py` / `vllm_engine.py` the rollout engines, `checkpoint.py` atomic checkpoints, `core.py`
-the service state without gRPC, `server.py` the gRPC translation, `client.py` the orchestrator's client and
-`messages.py` the dataclasses it speaks.
+- `grpo.py`: the loss (pure torch); `trainer.py`: the update loop; `models.py`: loading the reference.
+- `ranks.py`, `sharded.py`, `placement.py`, `errors.py`: the FSDP2 ranks (their processes and collectives, one rank's
+  share of an update, where a process sits in the group, how a rank fails).
+- `engine.py`, `hf_engine.py`, `vllm_engine.py`: the rollout engines; `sampler.py`, `rollout_process.py`: sampling
+  from a version behind the trainer's, in a process of its own.
+- `core.py`: the service's state without gRPC; `server.py`: the gRPC translation; `client.py`: the orchestrator's
+  client; `messages.py`: the dataclasses it speaks.
 """

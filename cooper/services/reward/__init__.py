@@ -10,10 +10,10 @@ Where things are, from the outside in:
 - `service.py`: RewardService, what both transports call: tokenizes, queues, keeps the version and the metrics.
 - `batcher.py`: the queue in front of the model; cuts batches, runs updates and saves between them.
 - `runner.py`: where the model runs (a thread, or a child process); `runner.apply_update(...)` and the other typed
-  methods run the RewardCore method of the same name there.
+  methods run the RewardCore method of the same name there. `model_process.py` starts that child early.
 - `core.py`: RewardCore, the model's state: versions, idempotency keys, replay, checkpoints.
-- `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update, `logit_to_reward`
-  (the one rule from a logit to a reward).
+- `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update; the one rule from
+  a logit to a reward and a judgement is cooper/reward_rule.py, which needs no torch.
 - `replica.py`: a read replica, following the trainer's checkpoints (cooper/runtime/checkpoint.py, REWARD).
 - `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client.
 """

@@ -30,7 +30,7 @@ class ModelProcess:
 
 def spawn(config: RewardConfig, writes: bool) -> ModelProcess:
     """Start the child (`spawn`: never fork a process that runs gRPC and torch threads), which loads the core and
-    then serves calls on its end of the pair (runner._child_main). `writes`: it journals and checkpoints."""
+    then serves calls on its end of the pair (runner.serve_model_process). `writes`: it journals and checkpoints."""
     context = multiprocessing.get_context("spawn")
     parent_end, child_end = socket.socketpair()
     process = context.Process(
@@ -67,6 +67,6 @@ def take_early(config: RewardConfig, writes: bool) -> ModelProcess | None:
 
 
 def _main(*args: Any) -> None:
-    from cooper.services.reward.runner import _child_main
+    from cooper.services.reward.runner import serve_model_process
 
-    _child_main(*args)
+    serve_model_process(*args)

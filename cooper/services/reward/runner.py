@@ -375,7 +375,10 @@ async def start_runner(config: RewardConfig) -> Runner:
 # ----- the child process -----
 
 
-def _child_main(link: socket.socket, config: RewardConfig, writes: bool, parent_pid: int, log_level: int) -> None:
+def serve_model_process(link: socket.socket, config: RewardConfig, writes: bool, parent_pid: int,
+                        log_level: int) -> None:
+    """The model process's main (model_process.py starts it): RewardCore here, answering the calls that come over
+    `link` until the parent goes."""
     from cooper.runtime.processes import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)

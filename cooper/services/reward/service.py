@@ -18,6 +18,7 @@ from functools import partial
 import prometheus_client
 
 from cooper.config import RewardConfig
+from cooper.reward_rule import logit_to_reward
 from cooper.services.reward.batcher import Batcher
 from cooper.services.reward.core import BatchScores, RewardCore
 from cooper.services.reward.items import (
@@ -30,7 +31,7 @@ from cooper.services.reward.items import (
 )
 from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, ReplicaStale, Staleness
 from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
-from cooper.services.reward.verify_rm import Encoder, logit_to_reward
+from cooper.services.reward.verify_rm import Encoder
 
 __all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult"]
 

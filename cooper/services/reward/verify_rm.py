@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cooper.config import OptimConfig
+from cooper.reward_rule import logit_to_reward
 from cooper.runtime.devices import resolve_autocast, resolve_device, resolve_dtype
 from cooper.services.reward.items import LabelledTriple, PreferencePair, ScoreItem, UpdateStats
 
@@ -97,20 +98,6 @@ def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None
     if current:
         batches.append(current)
     return batches
-
-
-def logit_to_reward(logit: float, discrete: bool = False) -> float:
-    """The one rule from a VerifyRM logit to a reward (docs/design.md section 2.1): sigmoid(logit), the model's
-    probability that the completion is correct, or with `discrete` (reward.discrete) 1.0 when that probability is
-    above 0.5, else 0.0. Every place that shows a probability or a reward calls this, so they cannot drift apart."""
-    if logit >= 0:  # two branches, so that exp never overflows
-        probability = 1.0 / (1.0 + math.exp(-logit))
-    else:
-        z = math.exp(logit)
-        probability = z / (1.0 + z)
-    if discrete:
-        return 1.0 if probability > 0.5 else 0.0
-    return probability
 
 
 class Encoder:

@@ -14,11 +14,12 @@ from collections.abc import Sequence
 import prometheus_client
 
 from cooper.config import HttpConfig
+from cooper.reward_rule import logit_to_reward
 from cooper.services.reward.errors import REFUSED, refusal, retry_after_s
 from cooper.services.reward.items import ScoreItem, ScoreResult
 from cooper.services.reward.service import RewardService
 from cooper.services.reward.serving import protocol
-from cooper.services.reward.verify_rm import logit_to_reward, parse_input
+from cooper.services.reward.verify_rm import parse_input
 
 
 class ApiError(Exception):

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from cooper import metric_names as names
+from cooper.experiments.best_of_n import BestOfN
 from cooper.modes import reward_mode
-from cooper.orchestrator.best_of_n import BestOfN
 
 Runs = Mapping[str, Sequence[Sequence[Mapping[str, Any]]]]
-COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-rollouts": "tab:cyan", "cooper-paper": "tab:olive"}
+COLORS = {"rule": "tab:blue", "static": "tab:red", "cooper": "tab:green", "cooper-rollouts": "tab:cyan",
+          "cooper-paper": "tab:olive"}
 
 
 def mean_over_seeds(seeds: Sequence[Sequence[Mapping[str, Any]]], key: str) -> list[tuple[int, float]]:
@@ -47,37 +48,6 @@ def finish_panel(ax, title: str, fontsize: int = 9) -> None:  # type: ignore[no-
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=fontsize - 2)
-
-
-def action_spans(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
-    """The runs of consecutive steps (first, last) in which a reward-hacking alarm action was in force: the policy
-    trained on the verifier's reward instead of the reward model's, was rolled back, or VerifyRM's update was raised
-    (rule mode, whose reward is always the verifier's, has none)."""
-    spans: list[tuple[int, int]] = []
-    for r in records:
-        reward_model_pays = names.MODE not in r or reward_mode(r[names.MODE]).reward_model_scores
-        acting = (reward_model_pays and r.get(names.REWARD_SOURCE) in ("verifier", "rollback")) or bool(
-            r.get(names.ALARM_RM_NEGATIVES))
-        if not acting:
-            continue
-        step = int(r[names.STEP])
-        if spans and spans[-1][1] == step - 1:
-            spans[-1] = (spans[-1][0], step)
-        else:
-            spans.append((step, step))
-    return spans
-
-
-def mark_alarm(ax, records: Sequence[Mapping[str, Any]], color: str | None) -> None:  # type: ignore[no-untyped-def]
-    """On a per-step panel: a dotted line at each raise of the reward-hacking alarm, a dash-dot line at each
-    rollback, and a faint band over the steps an action was in force."""
-    for r in records:
-        if r.get(names.ALARM_EVENT) == "raised":
-            ax.axvline(r[names.STEP], color=color, linestyle=":", linewidth=1.0, alpha=0.7)
-        if names.ALARM_ROLLED_BACK_TO in r:
-            ax.axvline(r[names.STEP], color=color, linestyle="-.", linewidth=1.2, alpha=0.9)
-    for first, last in action_spans(records):
-        ax.axvspan(first - 0.5, last + 0.5, color=color, alpha=0.05, linewidth=0)
 
 
 def save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]

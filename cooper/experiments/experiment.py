@@ -7,7 +7,7 @@ run in `<output_dir>/<name>-<mode>-s<seed>/`, started as a process of its own so
 of the initial VerifyRM against the initial policy measures the RM's blind spots without any training (the baseline
 of the over-optimisation plot). The comparison goes to `<output_dir>/<name>/`: compare.png, overoptimization.png,
 rm_health.png, best_of_n.json, results.md (the table) and results.json (the reproduction verdict,
-cooper/orchestrator/reproduction.py).
+cooper/experiments/reproduction.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ from typing import Any
 import yaml
 
 from cooper.config import EXPERIMENT_LABELS, CooperConfig
+from cooper.experiments.figures import (
+    COLORS,
+    finish_panel,
+    mean_over_seeds,
+    overoptimization_plot,
+    rm_health_plot,
+    save,
+)
+from cooper.experiments.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
 from cooper.metric_names import (
     ALARM_EVENT,
     ALARM_RM_NEGATIVES,
@@ -43,17 +52,7 @@ from cooper.metric_names import (
 )
 from cooper.modes import MODES as REWARD_MODES
 from cooper.modes import reward_mode
-from cooper.orchestrator.figures import (
-    COLORS,
-    finish_panel,
-    mark_alarm,
-    mean_over_seeds,
-    overoptimization_plot,
-    rm_health_plot,
-    save,
-)
-from cooper.orchestrator.outputs import read_metrics
-from cooper.orchestrator.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
+from cooper.orchestrator.outputs import mark_alarm, read_metrics
 from cooper.runtime.processes import die_with_parent
 
 MODES = tuple(REWARD_MODES)
@@ -228,7 +227,7 @@ def _fmt(value: Any) -> str:
 
 def _write_config(config: CooperConfig, path: Path) -> Path:
     """The experiment's config for its runs, secrets included (mode 600), like a run's resolved config."""
-    from cooper.orchestrator.launch import revealed
+    from cooper.launcher.launch import revealed
 
     path.write_text(yaml.safe_dump(revealed(config), sort_keys=False))
     os.chmod(path, 0o600)
@@ -303,7 +302,7 @@ def exploit_report(config: CooperConfig, final_runs: Mapping[str, Path], samples
                    max_problems: int = 32, shown: int = 5) -> str:
     """What each mode's final policy writes, judged by the initial VerifyRM and the verifier: the samples of the
     trained policy that the initial RM scores highest although the verifier says they are wrong (the exploit)."""
-    from cooper.orchestrator.best_of_n import sample_and_judge, top_scored_wrong
+    from cooper.experiments.best_of_n import sample_and_judge, top_scored_wrong
     from cooper.runtime.checkpoint import latest_checkpoint
 
     lines = ["# What the trained policies write, judged by the initial VerifyRM", "",
@@ -362,7 +361,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     also runs with the alarm only warning, as the control the alarm's actions are judged against; the verdict is
     judged on the acting runs, which are the configuration asked for."""
     from cooper.config import ConfigError
-    from cooper.orchestrator.launch import prepare_models
+    from cooper.launcher.launch import prepare_models
 
     watched = [mode for mode in modes if scores_with_reward_model(mode)]  # rule mode has no VerifyRM to watch
     if no_action_control and (config.alarm.mode != "act" or not watched):
@@ -378,7 +377,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
     prepare_models(config, reward=True)  # once, here, rather than raced by the first parallel runs
     curve = []
     if best_of_n_samples and any(scores_with_reward_model(mode) for mode in modes):
-        from cooper.orchestrator.best_of_n import BestOfN, measure_best_of_n
+        from cooper.experiments.best_of_n import BestOfN, measure_best_of_n
 
         measured = measure_best_of_n(config, samples=best_of_n_samples)
         (out / "best_of_n.json").write_text(json.dumps(measured, indent=2))

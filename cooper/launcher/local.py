@@ -24,11 +24,11 @@ from typing import Any
 import redis
 
 from cooper.config import CooperConfig, mask_url_password
+from cooper.launcher.embedded_redis import EmbeddedRedis
 from cooper.modes import reward_mode
-from cooper.orchestrator.embedded_redis import EmbeddedRedis
 from cooper.runtime.processes import ServiceProcess, ServiceStartError, start_service, wait_until_ready
 
-log = logging.getLogger("cooper.orchestrator.local")
+log = logging.getLogger("cooper.launcher.local")
 
 START_TIMEOUT_S = 600.0
 """How long a started (or restarted) service may take to serve. Loading a model or importing math-verify takes

@@ -18,9 +18,9 @@ import redis
 import yaml
 
 from cooper.config import CooperConfig, load_config, to_yaml, with_overrides
+from cooper.launcher.embedded_redis import EmbeddedRedis
+from cooper.launcher.local import LocalServices, close_redis, open_redis, services_needed
 from cooper.modes import reward_mode
-from cooper.orchestrator.embedded_redis import EmbeddedRedis
-from cooper.orchestrator.local import LocalServices, close_redis, open_redis, services_needed
 
 log = logging.getLogger("cooper.orchestrator")
 
