@@ -59,7 +59,7 @@ from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog, trim_metrics
-from cooper.orchestrator.run_store import JobStatus, RunStore
+from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
 from cooper.orchestrator.stage_results import (
     EvaluationResult,
     NegativesResult,
@@ -68,11 +68,13 @@ from cooper.orchestrator.stage_results import (
     RolloutResult,
     ScoreResult,
     VerificationResult,
+    verdicts_of,
 )
 from cooper.orchestrator.stages import StageContext, rm_accepts
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
 from cooper.runtime.files import write_atomically
+from cooper.services.verifier.messages import Verdict
 
 log = logging.getLogger("cooper.orchestrator")
 
@@ -94,14 +96,15 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
     ve: VerificationResult = results[g.VERIFY]
     sc: ScoreResult = results[g.SCORE]
     pu: PolicyUpdateResult = results[g.POLICY_UPDATE]
-    correct = [v == "CORRECT" for v in ve["verdicts"]]
+    verdicts = verdicts_of(ve)
+    correct = [v is Verdict.CORRECT for v in verdicts]
     rewards = sc["rewards"]
     record: dict[str, Any] = {
         STEP: step,
         MODE: graph.mode,
         REWARD_MEAN: _mean(rewards),
         VERIFIER_ACCURACY: _mean([float(c) for c in correct]),
-        "no_answer_rate": _mean([float(v == "NO_ANSWER") for v in ve["verdicts"]]),
+        "no_answer_rate": _mean([float(v is Verdict.NO_ANSWER) for v in verdicts]),
         REWARD_VERSION_USED: sc["reward_version"],
         POLICY_VERSION: pu["policy_version"],
         REWARD_SOURCE: pu.get("reward_source", graph.reward.reward_source),
@@ -190,7 +193,7 @@ class Orchestrator:
     def _start(self, resume: bool) -> int:
         state = self.store.state()
         if not state:
-            self.store.set_state(run_id=self.run_id, steps=self.config.run.steps, logged_through=-1)
+            self.store.begin(self.run_id, self.config.run.steps)
             for job in self.graph.roots():
                 self.store.enqueue(job.id)
             return 0
@@ -205,7 +208,7 @@ class Orchestrator:
             log.info("re-queueing job %s left unfinished by the previous run", job_id)
             self.store.requeue(job_id)
             self.store.ack(message_id)
-        next_step = int(state.get("logged_through", -1)) + 1
+        next_step = self.store.logged().through + 1
         # Said at INFO: in a container restarted by its supervisor this line is how one sees the run continued.
         log.info("resuming run %s at step %d of %d", self.run_id, next_step, self.config.run.steps)
         # A crash between recording a job and enqueueing what it unblocked leaves that job done and the next one
@@ -253,7 +256,7 @@ class Orchestrator:
         watch = AlarmWatch.for_run(self.config, self.store, self.run_dir)
         try:
             while next_step < steps:
-                error = self.store.state().get("error")
+                error = self.store.error()
                 if error:
                     raise self._failed(error, next_step)
                 if not self.graph.step_complete(next_step, self.store.done()):
@@ -264,9 +267,9 @@ class Orchestrator:
                     record.update(watch.observe(record))
                 metrics.write(record)
                 records.append(record)
-                self.store.set_state(logged_through=next_step, policy_version=record[POLICY_VERSION],
-                                     reward_version=record.get(REWARD_VERSION, record[REWARD_VERSION_USED]),
-                                     data_epoch=record["data_epoch"], data_offset=record["data_offset"])
+                self.store.set_logged(Logged(next_step, record[POLICY_VERSION],
+                                             record.get(REWARD_VERSION, record[REWARD_VERSION_USED]),
+                                             record["data_epoch"], record["data_offset"]))
                 if (every and (next_step + 1) % every == 0) or next_step == steps - 1:
                     try:
                         self._checkpoint(next_step)

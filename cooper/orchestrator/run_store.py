@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -36,6 +37,22 @@ class JobStatus(str, enum.Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Logged:
+    """Where the run stands, as the driver writes it down when it logs a step, before it deletes that step's results
+    (run.py): stages that need a deleted result read it here (stages.policy_version_after, reward_version_after)."""
+
+    through: int = -1
+    """The last step logged; -1 before the first."""
+    policy_version: int | None = None
+    """The policy version after step `through`'s update."""
+    reward_version: int | None = None
+    """VerifyRM's version after step `through` (its update's, or the one that scored it where none updates)."""
+    data_epoch: int | None = None
+    data_offset: int | None = None
+    """Where step `through` ended in the training data."""
 
 
 class RunStore:
@@ -139,6 +156,24 @@ class RunStore:
 
     def state(self) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self.redis.hgetall(self.key("state")).items()}
+
+    def begin(self, run_id: str, steps: int) -> None:
+        """A new run's state: nothing logged yet."""
+        self.set_state(run_id=run_id, steps=steps, logged_through=-1)
+
+    def logged(self) -> Logged:
+        state = self.state()
+        return Logged(int(state.get("logged_through", -1)), state.get("policy_version"), state.get("reward_version"),
+                      state.get("data_epoch"), state.get("data_offset"))
+
+    def set_logged(self, logged: Logged) -> None:
+        self.set_state(logged_through=logged.through, policy_version=logged.policy_version,
+                       reward_version=logged.reward_version, data_epoch=logged.data_epoch,
+                       data_offset=logged.data_offset)
+
+    def error(self) -> str | None:
+        """The failure that stopped the run (fail_run), or None."""
+        return self.state().get("error")
 
     def fail_run(self, message: str) -> None:
         """Mark the run failed; the driver stops with `message`. The first failure wins: later ones are its echoes."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
+from cooper.services.verifier.messages import Verdict
+
 
 class StageResult(TypedDict, total=False):
     seconds: float
@@ -49,6 +51,11 @@ class RolloutResult(StageResult):
 class VerificationResult(StageResult):
     verdicts: list[str]  # verdict names (CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR), one per completion
     extracted: list[str]  # the answer the verifier found in each completion
+
+
+def verdicts_of(result: VerificationResult) -> list[Verdict]:
+    """The recorded verdicts as the enum: names in the store (JSON), members everywhere they are read."""
+    return [Verdict[name] for name in result["verdicts"]]
 
 
 class ScoreResult(StageResult):

@@ -40,6 +40,7 @@ from cooper.orchestrator.stage_results import (
     ScoreResult,
     StageResult,
     VerificationResult,
+    verdicts_of,
 )
 from cooper.reward_rule import accepts, accepts_score, logit_to_reward
 from cooper.runtime.client import ServiceClient
@@ -51,7 +52,7 @@ from cooper.services.policy.messages import Completion
 from cooper.services.reward.client import RewardClient
 from cooper.services.reward.items import PreferencePair, ScoreItem
 from cooper.services.verifier.client import VerifierClient
-from cooper.services.verifier.messages import Verdict, VerifyItem
+from cooper.services.verifier.messages import REJECTED, Verdict, VerifyItem
 
 CLIENTS: dict[str, type[ServiceClient]] = {"policy": PolicyClient, "reward": RewardClient,
                                            "verifier": VerifierClient, "generator": GeneratorClient}
@@ -165,15 +166,15 @@ class InconsistentRun(RuntimeError):
     retryable = False
 
 
-def recorded(ctx: StageContext, stage: str, step: int, key: str, state_key: str) -> Any:
-    """`key` of the result of job stage:step; once that step was logged (and its results deleted), the run state's
-    `state_key`, which the driver sets from the same result before deleting it."""
+def reward_version_after(ctx: StageContext, step: int) -> int:
+    """VerifyRM's version after reward_update(`step`); once that step was logged (and its results deleted), the run
+    state's, which the driver sets from the same result before deleting it."""
     try:
-        return ctx.result(stage, step)[key]
+        return ctx.result(graph.REWARD_UPDATE, step)["reward_version"]
     except KeyError:
-        state = ctx.store.state()
-        if int(state.get("logged_through", -1)) >= step and state_key in state:
-            return state[state_key]
+        logged = ctx.store.logged()
+        if logged.through >= step and logged.reward_version is not None:
+            return logged.reward_version
         raise
 
 
@@ -199,10 +200,9 @@ def policy_version_after(ctx: StageContext, step: int) -> int:
     try:
         return ctx.result(stage, of)["policy_version"]
     except KeyError:
-        state = ctx.store.state()
-        logged = int(state.get("logged_through", -1))
-        if logged >= max(step, 0) and "policy_version" in state:
-            return int(state["policy_version"]) - (logged - step)
+        logged = ctx.store.logged()
+        if logged.through >= max(step, 0) and logged.policy_version is not None:
+            return logged.policy_version - (logged.through - step)
         raise
 
 
@@ -264,7 +264,7 @@ def verify(ctx: StageContext, step: int) -> VerificationResult:
 
 def verifier_rewards(verification: VerificationResult) -> list[float]:
     """The verifier's reward: 1 for CORRECT, 0 for anything else (rule mode's, and the alarm's fallback)."""
-    return [1.0 if v == "CORRECT" else 0.0 for v in verification["verdicts"]]
+    return [1.0 if v is Verdict.CORRECT else 0.0 for v in verdicts_of(verification)]
 
 
 def score(ctx: StageContext, step: int) -> ScoreResult:
@@ -277,7 +277,7 @@ def score(ctx: StageContext, step: int) -> ScoreResult:
     result = ctx.reward.score(items)
     if ctx.mode.reward_model_learns and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
         expect_version("reward", result.version,
-                       recorded(ctx, graph.REWARD_UPDATE, step - 1, "reward_version", "reward_version"),
+                       reward_version_after(ctx, step - 1),
                        f"score:{step}")
     return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
 
@@ -293,7 +293,7 @@ def await_the_alarm(ctx: StageContext, step: int) -> None:
     job calling this can start (graph.py), so the wait is only for the driver, which polls every 20 ms."""
     if not acts(ctx.config):
         return
-    while int(ctx.store.state().get("logged_through", -1)) < step - ALARM_REACTION_STEPS:
+    while ctx.store.logged().through < step - ALARM_REACTION_STEPS:
         if ctx.stopping:  # the run is stopping: the job stays pending for the resumed run
             raise RuntimeError(f"the run is stopping before step {step - ALARM_REACTION_STEPS} was logged")
         time.sleep(0.02)
@@ -350,8 +350,8 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
 def verified_positives(ro: RolloutResult, ve: VerificationResult) -> dict[str, str]:
     """Each prompt's positive: its first completion the verifier marks correct (docs/design.md, section 2.2)."""
     positives: dict[str, str] = {}
-    for completion, verdict in zip(ro["completions"], ve["verdicts"], strict=True):
-        if verdict == "CORRECT" and completion["prompt_id"] not in positives:
+    for completion, verdict in zip(ro["completions"], verdicts_of(ve), strict=True):
+        if verdict is Verdict.CORRECT and completion["prompt_id"] not in positives:
             positives[completion["prompt_id"]] = completion.get("text", "")
     return positives
 
@@ -362,8 +362,8 @@ def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: Score
     positives, by_id = verified_positives(ro, ve), prompts_by_id(ro)
     return [PreferencePair(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                            positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-            for c, v, accepted in zip(ro["completions"], ve["verdicts"], rm_accepts(sc), strict=True)
-            if v in ("INCORRECT", "NO_ANSWER") and accepted and c["prompt_id"] in positives]
+            for c, v, accepted in zip(ro["completions"], verdicts_of(ve), rm_accepts(sc), strict=True)
+            if v in REJECTED and accepted and c["prompt_id"] in positives]
 
 
 def rm_accepts(sc: ScoreResult) -> list[bool]:
@@ -382,8 +382,8 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
     if source in ("rollouts", "both"):
         pairs += [PairRecord(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
                              positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-                  for c, v in zip(ro["completions"], ve["verdicts"], strict=True)
-                  if v in ("INCORRECT", "NO_ANSWER") and c["prompt_id"] in positives]
+                  for c, v in zip(ro["completions"], verdicts_of(ve), strict=True)
+                  if v in REJECTED and c["prompt_id"] in positives]
     results = []
     if source in ("generator", "both") and positives:
         items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)

@@ -17,7 +17,7 @@ from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
-from cooper.orchestrator.run_store import JobStatus, RunStore
+from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker
 
@@ -279,15 +279,15 @@ def test_in_act_mode_the_stages_taking_the_alarms_actions_wait_two_steps_behind_
     # The alarm raises when the driver logs a step; a stage that reads its actions at step t waits until step t - 2 is
     # logged, so however slow the driver, an action raised at step s is in force from step s + 2 on.
     store = RunStore(redis_client, "cooper-test", run_id)
-    store.set_state(logged_through=1)
+    store.set_logged(Logged(1))
     config = CooperConfig.model_validate({"run": {"mode": "static", "steps": 9}, "alarm": {"mode": "act"}})
     ctx = StageContext(config, "r", store, StepData(tiny_splits(0, train_size=50)[0], 2, 0), {}, addresses={})
     started = time.monotonic()
     stages.await_the_alarm(ctx, 3)  # step 1 is logged: no wait
     assert time.monotonic() - started < 0.1
-    threading.Timer(0.3, lambda: store.set_state(logged_through=2)).start()
+    threading.Timer(0.3, lambda: store.set_logged(Logged(2))).start()
     stages.await_the_alarm(ctx, 4)
-    assert time.monotonic() - started >= 0.3 and store.state()["logged_through"] == 2
+    assert time.monotonic() - started >= 0.3 and store.logged().through == 2
     # A run that is stopping does not wait for a log that will never come: the job stays pending for the resume.
     ctx.close()
     with pytest.raises(RuntimeError, match="stopping before step 6 was logged"):

@@ -22,6 +22,11 @@ class Verdict(WireEnum):
     ERROR = 5
 
 
+REJECTED = frozenset({Verdict.INCORRECT, Verdict.NO_ANSWER})
+"""What the verifier rejects: proven wrong, or no answer found. TIMEOUT and ERROR decide nothing, so a rollout with
+either is never taken as a negative."""
+
+
 @dataclass(frozen=True)
 class Check:
     """The verifier's result on one (completion, reference): what rules.check returns, the pool records and the
