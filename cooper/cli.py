@@ -87,7 +87,7 @@ def _train(args: argparse.Namespace) -> int:
 def _experiment(args: argparse.Namespace) -> int:
     if args.parallel < 1 or args.best_of_n < 0:
         raise ConfigError("--parallel must be at least 1 and --best-of-n at least 0")
-    from cooper.config import EXPERIMENT_LABELS
+    from cooper.modes import EXPERIMENT_LABELS
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = [m for m in modes if m not in EXPERIMENT_LABELS]

@@ -52,3 +52,21 @@ def reward_mode(name: str) -> RewardMode:
         return MODES[name]
     except KeyError:
         raise ValueError(f"unknown reward mode {name!r}: one of {', '.join(MODES)}") from None
+
+
+# The recipes of cooper mode, as `cooper experiment --modes` names them beside the reward modes.
+
+PAPER_RECIPE = ("run.negatives=generator", "reward.replay_updates=0", "reward.update_steps=1",
+                "reward.calibration_weight=0")
+"""Overrides that make cooper mode's reward-model update the paper's rule: negatives written by the generator, one
+Bradley-Terry step per update on that step's pairs, no replay, no calibration term. The tiny preset's default is a
+variant of it (negatives from the policy's rejected rollouts and the generator, replay, calibration: configs/tiny.yaml
+says why)."""
+
+EXPERIMENT_LABELS = {"rule": ("rule", ()), "static": ("static", ()), "cooper": ("cooper", ()),
+                     "cooper-rollouts": ("cooper", ("run.negatives=rollouts",)),
+                     "cooper-paper": ("cooper", (*PAPER_RECIPE, "generator.strategy=varied"))}
+"""What `cooper experiment --modes` takes: label -> (run.mode, the overrides beside it). `cooper-paper` runs the
+paper's recipe beside the preset's cooper, `cooper-rollouts` the variant with negatives from the rejected rollouts
+alone (the tiny preset's cooper takes the generator's too); on the tiny preset the `varied` generator stands in for
+the paper's assistant LLM (cooper/services/generator/varied.py)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from cooper.config import EXPERIMENT_LABELS, CooperConfig
+from cooper.config import CooperConfig
 from cooper.experiments.figures import (
     COLORS,
     finish_panel,
@@ -50,8 +50,8 @@ from cooper.metric_names import (
     TEST_INITIAL,
     VERIFIER_ACCURACY,
 )
+from cooper.modes import EXPERIMENT_LABELS, reward_mode
 from cooper.modes import MODES as REWARD_MODES
-from cooper.modes import reward_mode
 from cooper.orchestrator.outputs import mark_alarm, read_metrics
 from cooper.runtime.processes import die_with_parent
 

@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cooper.config import EXPERIMENT_LABELS
 from cooper.evaluation.monitor import mean_or_none
 from cooper.metric_names import ALARM_EVENT, KL_FROM_INITIAL, REWARD_ACCURACY_GAP, REWARD_MEAN, RM_AUROC, STEP
+from cooper.modes import EXPERIMENT_LABELS
 
 RULE_GAIN = 0.15
 STATIC_GAP_WIDENS = 0.25

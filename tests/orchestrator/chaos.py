@@ -29,7 +29,7 @@ import psutil
 import redis
 from train_process import FAST, SERVICES, Train
 
-from cooper.config import PAPER_RECIPE
+from cooper.modes import PAPER_RECIPE
 from cooper.orchestrator.outputs import read_metrics
 
 TARGETS = (*SERVICES, "cli", "redis")

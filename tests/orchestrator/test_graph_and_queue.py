@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from cooper.config import PAPER_RECIPE, CooperConfig, RunConfig, load_config
+from cooper.config import CooperConfig, RunConfig, load_config
+from cooper.experiments.figures import COLORS
 from cooper.launcher.local import services_needed
-from cooper.modes import COOPER, MODES, RULE, STATIC
+from cooper.modes import COOPER, EXPERIMENT_LABELS, MODES, PAPER_RECIPE, RULE, STATIC
 from cooper.orchestrator import graph as g
 from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
@@ -54,6 +55,10 @@ def test_the_modes_are_defined_once():
     assert services_needed(load_config(tiny, [], environ={})) == ["verifier", "policy", "reward", "generator"]
     assert services_needed(load_config(tiny, ["run.negatives=rollouts"], environ={})) == ["verifier", "policy", "reward"]
     assert "generator" in services_needed(load_config(tiny, list(PAPER_RECIPE), environ={}))
+    # Every label `cooper experiment` takes is a reward mode with overrides that load, and has its colour.
+    for mode, overrides in EXPERIMENT_LABELS.values():
+        assert load_config(tiny, [f"run.mode={mode}", *overrides], environ={}).run.mode == mode
+    assert set(COLORS) == set(EXPERIMENT_LABELS)
 
 
 def test_evaluation_runs_before_the_next_rollout():
