@@ -382,9 +382,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         place = launched()
         if place is not None and place.rank > 0:  # under torchrun: only global rank 0 serves; this one follows it
-            from cooper.services.policy.ranks import JOIN_MARGIN_S, follow
+            from cooper.services.policy.ranks import follow
 
-            return follow(place, spec_limit_s=config.policy.distributed.timeout_s + JOIN_MARGIN_S)
+            return follow(place, group_timeout_s=config.policy.distributed.timeout_s)
     if args.service == "reward":
         # VerifyRM's model process starts before this process imports the service (torch, FastAPI, ...), so that
         # its own start-up runs beside those imports, not after them (cooper/services/reward/model_process.py).

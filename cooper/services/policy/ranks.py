@@ -198,10 +198,11 @@ def join_group(spec: RankSpec, place: Placement, control: Control, device: torch
     return trainer, arguments
 
 
-def follow(place: Placement, spec_limit_s: float | None) -> int:
+def follow(place: Placement, group_timeout_s: float | None) -> int:
     """A rank other than 0: build its shard from the spec rank 0 publishes, then run rank 0's commands until told to
-    stop. Returns the exit code (a rank that fails exits at once: see the module docstring). `spec_limit_s`: exit if
-    rank 0 has published no spec this long after this rank met the store (None: wait as long as it takes)."""
+    stop. Returns the exit code (a rank that fails exits at once: see the module docstring). `group_timeout_s` (the
+    config's policy.distributed.timeout_s, which the spec brings too): exit if rank 0 has published no spec this long
+    plus JOIN_MARGIN_S after this rank met the store (None: wait as long as it takes)."""
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s %(levelname)s policy rank {place.rank}: %(message)s")
     control: Control | None = None
@@ -212,6 +213,7 @@ def follow(place: Placement, spec_limit_s: float | None) -> int:
         # going away can have its launcher meet node 0's old store and this rank meet the new node 0's, at the same
         # address: that store's rank 0 never comes (its launcher waits for this node's), so this rank exits instead,
         # and its launcher, started again, meets the new store.
+        spec_limit_s = None if group_timeout_s is None else group_timeout_s + JOIN_MARGIN_S
         if spec_limit_s is None:
             control.wait_idle("spec")
         elif not control.wait(["spec"], spec_limit_s):
@@ -265,7 +267,7 @@ def _local_rank_main(place: Placement) -> None:
 
     die_with_parent(signal.SIGKILL)
     os.environ.update(place.env())
-    os._exit(follow(place, spec_limit_s=None))  # the store is the service's own: no other group can be behind it
+    os._exit(follow(place, group_timeout_s=None))  # the store is the service's own: no other group can be behind it
 
 
 def _describe_exit(code: int | None) -> str:
