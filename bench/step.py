@@ -7,13 +7,11 @@ Both sides run the same `configs/tiny.yaml` steps (the `tiny-sft` policy, the `t
 prompts, prompt template and sampling seeds via `stages.step_seed`), with evaluation off (`eval.every=0`) and
 `warmup + steps` steps in all; the first `warmup` steps are excluded from every figure.
 
-(a) in-process: one process calls the service cores directly, one stage after the other, doing the work of the
-    orchestrator's stages (cooper/orchestrator/stages.py): rollout = `PolicyCore.generate`, verify = `rules.check`
-    per completion on the main thread with one `ReferenceCache` (what a verifier pool worker does), score =
-    `VerifyRM` logits of the whole batch in one forward pass (what the reward batcher does with one request of at
-    most `reward.batching.max_batch_size` items), policy_update = `PolicyCore.train`, negatives = `make_negatives`
-    with `RuleStrategy` and `rules.check` as the verify callable, reward_update = `VerifyRM.update` on the pairs.
-    The step time is the wall time of the whole step, stage times are each stage's wall time.
+(a) in-process: the orchestrator's own stage functions (cooper/orchestrator/stages.py) on the services' cores in this
+    process (`services.InProcessServices`: the policy and reward cores, the verifier's pool, the generator's rule
+    strategy), one job after the other on one thread (`launch.steps_in_process`), each result recorded in an
+    embedded Redis as a worker records it. No gRPC, no service processes, no queue. Stage times are each stage's
+    wall time, the step time their sum.
 (b) services: `cooper.launcher.launch.train` on the same config in a temporary run directory: an embedded
     Redis, the four services as local processes, three stage workers. Stage times are the `time/<stage>` values of
     metrics.jsonl (a worker's wall time for the job: the gRPC call and its Redis reads included, the queue wait
@@ -27,8 +25,7 @@ checkpoint every `save_every` updates (cooper/runtime/durability.py), so a kille
 does the same (PolicyCore and RewardCore journal and save in `train` and `apply_update`); `--no-saving` turns
 journals and checkpoints off on both sides (`save_every=0`, `journal=false` for both services).
 
-Threads: the tiny preset sets `policy.torch_threads: 1`. In (a) that is process-wide, so VerifyRM also runs on one
-thread; in (b) the reward service sets no thread count and torch uses its default (the number of cores).
+Threads: the tiny preset sets `policy.torch_threads: 1` and `reward.torch_threads: 1`, which (a) and (b) both follow.
 
 `wait/<stage>` (b only): from the end of a job's last input to the start of its stage function in a worker: the
 Redis hop (record the result, enqueue the dependents, XACK, XREADGROUP wake-up, status write).
@@ -45,7 +42,6 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import statistics
@@ -64,8 +60,6 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, saving: boo
 
     overrides = [f"run.mode={mode}", f"run.steps={total_steps}", "run.checkpoint_every=0", "eval.every=0",
                  f"run.output_dir={out}", "run.name=bench",
-                 # (a) reads these; (b) gets its run-local directories from launch.local_overrides.
-                 f"policy.checkpoint_dir={out / 'inproc' / 'policy'}", f"reward.checkpoint_dir={out / 'inproc' / 'reward'}",
                  *([] if saving else ["policy.save_every=0", "policy.journal=false", "reward.save_every=0",
                                       "reward.journal=false"]), *extra]
     return load_config(base, overrides, environ={})
@@ -74,95 +68,13 @@ def bench_config(base: Path, mode: str, total_steps: int, out: Path, saving: boo
 # ----- (a) the cores in this process ----------------------------------------------------------------------------------
 
 def run_inprocess(config: Any, warmup: int) -> dict[str, Any]:
-    from cooper.orchestrator.data import StepData, load_data, prompt_text
-    from cooper.orchestrator.stages import step_seed
-    from cooper.reward_rule import logit_to_reward
-    from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
-    from cooper.services.policy.core import PolicyCore
-    from cooper.services.policy.engine import SamplingParams
-    from cooper.services.policy.trainer import RolloutSample
-    from cooper.services.reward.core import RewardCore
-    from cooper.services.reward.verify_rm import PreferencePair, ScoreItem
-    from cooper.services.verifier.pool import WARM_UP
-    from cooper.services.verifier.rules import ReferenceCache, Verdict, check
+    from cooper.launcher.launch import steps_in_process
 
-    mode, vcfg, rcfg, sampling_cfg = config.run.mode, config.verifier, config.reward, config.policy.sampling
-    rows, _ = load_data(config)
-    data = StepData(rows, config.run.batch_size, config.run.seed)
-    core = PolicyCore(config.policy)  # sets torch threads (1 in the tiny preset) for this whole process
-    reward_core = RewardCore.load(rcfg) if mode != "rule" else None
-    rm = reward_core.rm if reward_core else None
-    cache = ReferenceCache()
-    for completion, reference in WARM_UP:  # the pool's workers warm math-verify up before serving; so do we
-        check(completion, reference, vcfg.timeout_s, vcfg.max_chars)
-
-    def verify_one(completion: str, reference: str) -> Any:
-        return check(completion, reference, vcfg.timeout_s, vcfg.max_chars, cache)
-
-    async def verify_pairs(pairs: list[tuple[str, str]]) -> list[Any]:
-        return [verify_one(completion, reference) for completion, reference in pairs]
-
-    steps: list[dict[str, float]] = []
-    records: list[dict[str, Any]] = []
-    for t in range(config.run.steps):
-        times: dict[str, float] = {}
-        step_start = time.perf_counter()
-
-        start = time.perf_counter()
-        examples = data.batch(t)
-        ids = [f"{t}-{k}-{e.id}" for k, e in enumerate(examples)]
-        sampling = SamplingParams(n=sampling_cfg.n, temperature=sampling_cfg.temperature,
-                                  top_p=sampling_cfg.top_p or 1.0, max_new_tokens=sampling_cfg.max_new_tokens,
-                                  stop=tuple(sampling_cfg.stop), seed=step_seed(config.run.seed, t, "rollout"))
-        groups, _ = core.generate([prompt_text(config, e) for e in examples], sampling)
-        flat = [(pid, e, c) for pid, e, group in zip(ids, examples, groups, strict=True) for c in group]
-        times["rollout"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        verdicts = [verify_one(c.text, e.answer).verdict for _, e, c in flat]
-        times["verify"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        if mode == "rule":
-            rewards = [1.0 if v == Verdict.CORRECT else 0.0 for v in verdicts]
-        else:
-            assert rm is not None
-            tokens = rm.encode([ScoreItem(e.question, e.answer, c.text) for _, e, c in flat])
-            logits: list[float] = []
-            size = rcfg.batching.max_batch_size  # the batcher cuts batches of at most this many items
-            for k in range(0, len(tokens), size):
-                logits += rm.logits(tokens[k : k + size], batch_size=len(tokens[k : k + size]))
-            rewards = [logit_to_reward(x, rcfg.discrete) for x in logits]
-        times["score"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        samples = [RolloutSample(list(c.prompt_token_ids), list(c.token_ids)) for _, _, c in flat]
-        core.train(f"bench/{t}", samples, rewards, sampling_cfg.n)  # saves a checkpoint when policy.save_every says
-        times["policy_update"] = time.perf_counter() - start
-
-        pairs = 0
-        if mode == "cooper":
-            assert rm is not None
-            start = time.perf_counter()
-            positives: dict[str, tuple[Any, str]] = {}
-            for (pid, e, c), verdict in zip(flat, verdicts, strict=True):
-                if verdict == Verdict.CORRECT and pid not in positives:
-                    positives[pid] = (e, c.text)
-            tasks = [NegativeTask(pid, e.question, e.answer, text) for pid, (e, text) in positives.items()]
-            outcomes = asyncio.run(make_negatives(tasks, RuleStrategy(), verify_pairs, config.generator.attempts))
-            prefs = [PreferencePair(task.question, task.reference, task.positive, o.negative)
-                     for task, o in zip(tasks, outcomes, strict=True) if o.valid]
-            times["negatives"] = time.perf_counter() - start
-
-            start = time.perf_counter()
-            reward_core.apply_update(f"bench/{t}", prefs)  # journals, and checkpoints when reward.save_every says
-            times["reward_update"] = time.perf_counter() - start
-            pairs = len(prefs)
-
-        times["step"] = time.perf_counter() - step_start
-        steps.append(times)
-        records.append({"verifier_accuracy": statistics.fmean(v == Verdict.CORRECT for v in verdicts),
-                        "reward_mean": statistics.fmean(rewards), "pairs": pairs})
+    records = steps_in_process(config, config.run.steps)
+    steps = []
+    for record in records:
+        times = {stage: record[f"time/{stage}"] for stage in STAGES if f"time/{stage}" in record}
+        steps.append({**times, "step": sum(times.values())})  # one job after another: the step is their sum
     return {"steps": steps[warmup:], "records": records}
 
 

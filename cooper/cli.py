@@ -45,6 +45,7 @@ Examples:
   cooper train run.mode=static run.steps=10
   cooper train --config configs/qwen2.5-1.5b-cooper.yaml
   cooper train --resume cooper-20261120-120000
+  cooper train --in-process run.steps=3               # one process: the services' cores called directly
 """
 
 
@@ -80,7 +81,7 @@ def _train(args: argparse.Namespace) -> int:
     resume = args.resume
     if args.resume_existing and resume is None:
         resume = existing_run(config)
-    train(config, resume=resume, progress=not args.no_progress, workers=args.workers)
+    train(config, resume=resume, progress=not args.no_progress, workers=args.workers, in_process=args.in_process)
     return 0
 
 
@@ -287,6 +288,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume-existing", action="store_true",
                        help="if run.name names a run that exists, resume it instead of failing (restarted containers)")
     train.add_argument("--workers", type=int, default=3, help="stage worker threads (default 3)")
+    train.add_argument("--in-process", action="store_true",
+                       help="start no service processes: the stages call the services' cores in this process (for "
+                            "debugging with one debugger, and profiling; rule-based generator strategies only)")
     _add_config_options(train, "run.steps=5 run.mode=static", progress="no progress bar (logs only)")
 
     experiment = sub.add_parser(

@@ -14,8 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cooper"
 ABOVE_THE_SERVICES = ("cooper.orchestrator", "cooper.launcher", "cooper.experiments", "cooper.cli",
                       "cooper.annotation", "cooper.eval_rm")
 """What drives the services: none of it may be imported by a service."""
-SERVICE_SURFACE = ("client", "messages", "items")
-"""What the run engine may import of a service: its client and the plain data it speaks, never its core or server."""
+SERVICE_SURFACE = ("client", "inprocess", "messages", "items", "errors")
+"""What the run engine may import of a service: its two faces with one interface (the gRPC client, and the core
+behind the same calls in this process), the plain data they speak and the refusals they raise; never its core or
+server directly."""
 PLAIN_EVALUATION = ("cooper.evaluation", "cooper.metric_names", "cooper.jsonl", "cooper.reward_rule", "cooper.tiny.task",
                     "__future__")
 """What the evaluation kits may import of Cooper: pure Python, so the engine and tests use them freely."""
@@ -62,15 +64,17 @@ def test_the_layers_hold() -> None:
             if own and under(target, *ABOVE_THE_SERVICES):
                 broken.append(f"{module} imports {target}: a service never imports what drives it")
             if own and other and other != own and not (
-                    own == "generator" and other == "verifier" and target.rsplit(".", 1)[-1] in ("client", "messages")):
+                    own == "generator" and other == "verifier"
+                    and target.rsplit(".", 1)[-1] in ("client", "inprocess", "messages")):
                 broken.append(f"{module} imports {target}: services do not import each other (the generator "
-                              "calls the verifier through its client)")
+                              "calls the verifier through its client, or its in-process face)")
             if under(module, "cooper.orchestrator"):
                 if under(target, "cooper.launcher", "cooper.experiments", "cooper.cli"):
                     broken.append(f"{module} imports {target}: the run engine never imports what launches or "
                                   "studies runs")
                 if other and target.rsplit(".", 1)[-1] not in SERVICE_SURFACE:
-                    broken.append(f"{module} imports {target}: the engine reaches a service through its client")
+                    broken.append(f"{module} imports {target}: the engine reaches a service through its client or "
+                                  "its in-process face")
             if under(module, "cooper.launcher") and under(target, "cooper.experiments", "cooper.cli"):
                 broken.append(f"{module} imports {target}: the launcher never imports the experiment tooling")
             if under(module, "cooper.evaluation") and not under(target, *PLAIN_EVALUATION):

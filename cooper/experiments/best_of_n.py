@@ -6,8 +6,9 @@ KL_bon = log n - (n - 1) / n nats (Gao et al. 2022), with no training at all: if
 rises and then falls as n grows, the RM has blind spots that sampling alone finds, and RL against the frozen RM
 will find them too. The curve is the exact expectation over every n-subset of the N samples, not a resampling.
 
-Everything runs in this process with the services' own cores (PolicyCore's engine, VerifyRM, the verifier's
-`check`), so it measures the same models the run trains, without starting services.
+Everything runs in this process through the services' in-process faces (`<service>/inprocess.py`: the cores the
+services run, behind their clients' calls), so it measures the same models the run trains, without starting
+services.
 """
 
 from __future__ import annotations
@@ -72,34 +73,45 @@ def sample_and_judge(config: CooperConfig, policy_models: Sequence[str], samples
     names or directories) on the first test benchmark's first `max_problems` problems. The data and the initial
     VerifyRM are loaded once for all of them."""
     from cooper.orchestrator.data import load_data, prompt_text
-    from cooper.runtime.models import resolve_model
-    from cooper.services.policy.core import PolicyCore
-    from cooper.services.policy.engine import SamplingParams
+    from cooper.reward_rule import logit_to_reward
+    from cooper.services.policy.inprocess import InProcessPolicy
+    from cooper.services.reward.inprocess import InProcessReward
     from cooper.services.reward.items import ScoreItem
-    from cooper.services.reward.verify_rm import VerifyRM
-    from cooper.services.verifier.rules import Verdict, check
+    from cooper.services.verifier.inprocess import InProcessVerifier
+    from cooper.services.verifier.messages import Verdict, VerifyItem
 
     _, tests = load_data(config)
     benchmark, rows = next(iter(tests.items()))
     rows = rows[:max_problems]
-    prompts = [prompt_text(config, row) for row in rows]
+    prompts = [(row.id, prompt_text(config, row)) for row in rows]
     sampling = config.policy.sampling
-    params = SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                            max_new_tokens=sampling.max_new_tokens, stop=tuple(sampling.stop), seed=config.run.seed)
-    rm = VerifyRM.load(resolve_model(config.reward.model, "reward"), config.reward.optim, config.reward.max_length,
-                       device=config.reward.device, dtype="float32")
     out: dict[str, Judged] = {}
-    for model in policy_models:
-        with tempfile.TemporaryDirectory() as empty:  # no checkpoint to resume from: the named model itself
-            policy = PolicyCore(config.policy.model_copy(update={"checkpoint_dir": empty, "model": model}))
-            groups, _ = policy.generate(prompts, params)
-        judged = []
-        for row, completions in zip(rows, groups, strict=True):
-            texts = [c.text for c in completions]
-            scores = [s for s, _ in rm.score([ScoreItem(row.question, row.answer, t) for t in texts])]
-            correct = [check(t, row.answer, config.verifier.timeout_s, answer=config.verifier.answer).verdict == Verdict.CORRECT for t in texts]
-            judged.append((row, list(zip(scores, correct, texts, strict=True))))
-        out[model] = judged
+    with tempfile.TemporaryDirectory() as empty:  # no checkpoint to resume from: the named models themselves
+        reward = InProcessReward(config.reward.model_copy(update={"checkpoint_dir": f"{empty}/reward",
+                                                                  "save_on_stop": False}))
+        verifier = InProcessVerifier(config.verifier)
+        try:
+            for k, model in enumerate(policy_models):
+                policy = InProcessPolicy(config.policy.model_copy(update={
+                    "checkpoint_dir": f"{empty}/policy-{k}", "model": model, "save_on_stop": False}))
+                try:
+                    generated = policy.generate(prompts, n=samples, temperature=sampling.temperature,
+                                                top_p=sampling.top_p, max_new_tokens=sampling.max_new_tokens,
+                                                stop=sampling.stop, seed=config.run.seed).completions
+                finally:
+                    policy.close()
+                judged = []
+                for g, row in enumerate(rows):
+                    texts = [c.text for c in generated[g * samples:(g + 1) * samples]]
+                    # Probabilities from the logits: with reward.discrete the scores are 0/1, and best-of-n ranks.
+                    logits = reward.score([ScoreItem(row.question, row.answer, t) for t in texts]).logits
+                    verdicts = verifier.verify([VerifyItem(str(i), t, row.answer) for i, t in enumerate(texts)])
+                    judged.append((row, [(logit_to_reward(x), v.verdict == Verdict.CORRECT, t)
+                                         for x, v, t in zip(logits, verdicts, texts, strict=True)]))
+                out[model] = judged
+        finally:
+            verifier.close()
+            reward.close()
     return benchmark, out
 
 

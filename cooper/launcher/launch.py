@@ -117,29 +117,76 @@ def redis_lost(client: redis.Redis, err: redis.ConnectionError) -> str:
     return f"the run lost its connection to Redis ({err})"
 
 
-def train(config: CooperConfig, resume: str | None = None, progress: bool = True, workers: int = 3) -> Path:
+def steps_in_process(config: CooperConfig, steps: int = 1) -> list[dict[str, Any]]:
+    """The first `steps` steps of a run of `config` (with its initial evaluation, when it has one), all in this
+    process: the stage functions one after another on this thread (`worker.run_step_inline`) over the services'
+    cores (`services.InProcessServices`), an embedded Redis and the checkpoints in a temporary directory. Returns
+    each step's record as metrics.jsonl would hold it. For a debugger's breakpoint in any stage or service core:
+
+        python -c "from cooper.config import load_config, preset_path; from cooper.launcher.launch import \
+            steps_in_process; print(steps_in_process(load_config(preset_path('tiny')), 1))"
+    """
+    import tempfile
+
+    from cooper.orchestrator.data import StepData, load_data
+    from cooper.orchestrator.graph import StepGraph
+    from cooper.orchestrator.run import step_record
+    from cooper.orchestrator.run_store import RunStore
+    from cooper.orchestrator.services import InProcessServices
+    from cooper.orchestrator.stages import StageContext
+    from cooper.orchestrator.worker import run_step_inline
+
+    with tempfile.TemporaryDirectory(prefix="cooper-steps-") as scratch:
+        config = with_overrides(config, [f"policy.checkpoint_dir={scratch}/policy",
+                                         f"reward.checkpoint_dir={scratch}/reward", "redis.url=null"])
+        rows, tests = load_data(config)
+        graph = StepGraph(config.run.mode, config.run.steps, config.eval.every)
+        client = open_redis(config, Path(scratch))
+        store = RunStore(client, config.redis.key_prefix, "in-process")
+        store.begin("in-process", steps)
+        ctx = StageContext(config, "in-process", store, StepData(rows, config.run.batch_size, config.run.seed), tests,
+                           InProcessServices(config))
+        try:
+            for step in range(graph.first_step(), steps):
+                run_step_inline(ctx, graph, step)
+            return [step_record(ctx, graph, step) for step in range(steps)]
+        finally:
+            ctx.close()
+            close_redis(client)
+
+
+def train(config: CooperConfig, resume: str | None = None, progress: bool = True, workers: int = 3,
+          in_process: bool = False) -> Path:
     """Run (or resume) one training run; returns its directory.
 
     Start-up runs side by side: the services start at once (local.py), right after the embedded Redis has the run
     directory's lock (which keeps a second `cooper train --resume` of a run that still goes from starting services
-    on its checkpoints); this process imports the orchestrator's own modules while they load."""
+    on its checkpoints); this process imports the orchestrator's own modules while they load. `in_process`: no
+    service processes; the stages call the services' cores in this process (orchestrator/services.py), with the
+    same checkpoints and journals under the run directory, so a run can be resumed either way."""
     config, run_id, run_dir, resolved = prepare_run(config, resume)
     prepare_models(config)
     client = open_redis(config, run_dir)
-    services = LocalServices(config, resolved, run_dir)
+    local = None if in_process else LocalServices(config, resolved, run_dir)
     interrupted = False
     try:
-        services.spawn()
+        if local is not None:
+            local.spawn()
         from cooper.orchestrator.run import Orchestrator
         from cooper.orchestrator.run_store import RunStore
+        from cooper.orchestrator.services import InProcessServices, RemoteServices
 
         store = RunStore(client, config.redis.key_prefix, run_id)
-        # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
-        # client's unavailable_timeout_s.
-        services.on_lost = store.fail_run
-        with services:
-            Orchestrator(config, run_id, run_dir, store, services.addresses, workers=workers).run(
+        if local is None:
+            Orchestrator(config, run_id, run_dir, store, InProcessServices(config), workers=workers).run(
                 resume=resume is not None, progress=progress)
+        else:
+            # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
+            # client's unavailable_timeout_s.
+            local.on_lost = store.fail_run
+            with local:
+                Orchestrator(config, run_id, run_dir, store, RemoteServices(config, local.addresses),
+                             workers=workers).run(resume=resume is not None, progress=progress)
     except redis.ConnectionError as err:
         from cooper.orchestrator.run import RunFailed
 
@@ -149,7 +196,8 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
         interrupted = True
         raise
     finally:  # on every exit: Ctrl-C, a failed run, an error; services are stopped first
-        services.stop()
+        if local is not None:
+            local.stop()
         close_redis(client)
         if interrupted:
             log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "

@@ -60,6 +60,7 @@ from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog, trim_metrics
 from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
+from cooper.orchestrator.services import Services
 from cooper.orchestrator.stage_results import (
     EvaluationResult,
     NegativesResult,
@@ -179,7 +180,7 @@ def rm_benchmark(config: CooperConfig) -> list[BenchItem]:
 
 
 class Orchestrator:
-    def __init__(self, config: CooperConfig, run_id: str, run_dir: Path, store: RunStore, addresses: dict[str, str],
+    def __init__(self, config: CooperConfig, run_id: str, run_dir: Path, store: RunStore, services: Services,
                  workers: int = 3):
         self.config, self.run_id, self.run_dir, self.store = config, run_id, run_dir, store
         rows, tests = load_data(config)
@@ -187,7 +188,7 @@ class Orchestrator:
                                verify_before_update=config.alarm.mode == "act",
                                max_staleness=config.run.max_staleness)
         self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
-                                addresses, rm_benchmark(config))
+                                services, rm_benchmark(config))
         self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]
 
     def _start(self, resume: bool) -> int:
@@ -290,7 +291,7 @@ class Orchestrator:
             bar.close()
             for worker in self.workers:
                 worker.stop_event.set()
-            # Closing the clients first ends calls that wait for a service (up to unavailable_timeout_s); a job cut
+            # Closing the services first ends calls that wait for a service (up to unavailable_timeout_s); a job cut
             # short stays pending and the resumed run does it again (idempotently).
             self.ctx.close()
             join_all(threads, timeout_s=10)

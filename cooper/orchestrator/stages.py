@@ -1,8 +1,10 @@
 """The stage jobs: plain functions `stage(ctx, step) -> result dict`, keyed by name in STAGES.
 
-Each reads its inputs from the results of the jobs it depends on, calls services through their clients (which speak
-plain dataclasses), and returns a JSON-able result (its type in `stage_results`) that the worker records in Redis. Re-running a job is harmless: Generate is seeded
-by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure reads.
+Each reads its inputs from the results of the jobs it depends on, calls the services through `ctx.services`
+(services.py: their gRPC clients, or their cores in this process; both speak plain dataclasses), and returns a
+JSON-able result (its type in `stage_results`) that the worker records in Redis. Re-running a job is harmless:
+Generate is seeded by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure
+reads.
 
 Every job that touches a model checks that the model is at the version the run recorded (`expect_version`): a
 service restarted from a checkpoint behind the run without its update journal would otherwise train step t on the
@@ -18,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
 from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.modes import RewardMode, reward_mode
@@ -27,6 +27,7 @@ from cooper.orchestrator import graph
 from cooper.orchestrator.alarm_watch import AlarmOrders, acts
 from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import RunStore
+from cooper.orchestrator.services import Generator, Policy, Reward, Services, Verifier
 from cooper.orchestrator.stage_results import (
     CompletionRecord,
     EvaluationResult,
@@ -43,20 +44,12 @@ from cooper.orchestrator.stage_results import (
     verdicts_of,
 )
 from cooper.reward_rule import accepts, accepts_score, logit_to_reward
-from cooper.runtime.client import ServiceClient
 from cooper.runtime.ledger import idempotency_key
-from cooper.services.generator.client import GeneratorClient
 from cooper.services.generator.messages import NegativeItem
-from cooper.services.policy.client import PolicyClient
-from cooper.services.policy.messages import Completion
-from cooper.services.reward.client import RewardClient
+from cooper.services.policy.errors import StaleRollout, VersionNotHeld
+from cooper.services.policy.messages import Completion, Generation, PolicyInfo
 from cooper.services.reward.items import PreferencePair, ScoreItem
-from cooper.services.verifier.client import VerifierClient
 from cooper.services.verifier.messages import REJECTED, Verdict, VerifyItem
-
-CLIENTS: dict[str, type[ServiceClient]] = {"policy": PolicyClient, "reward": RewardClient,
-                                           "verifier": VerifierClient, "generator": GeneratorClient}
-"""The client of each service a stage calls, by the service's name (its config section)."""
 
 
 def step_seed(seed: int, step: int, purpose: str) -> int:
@@ -67,47 +60,36 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
 
 @dataclass
 class StageContext:
-    """What stage jobs share: config, run id, the store, the data, and lazily opened service clients."""
+    """What stage jobs share: config, run id, the store, the data, and the services (services.py: their gRPC
+    clients, or their cores in this process)."""
 
     config: CooperConfig
     run_id: str
     store: RunStore
     data: StepData
     tests: dict[str, list[Example]]
-    addresses: dict[str, str]
+    services: Services
     rm_bench: list[BenchItem] = field(default_factory=list)  # eval.rm_benchmark_path's items; empty: none
-    _clients: dict[str, Any] = field(default_factory=dict)
-    _closed: bool = False
-
-    def _client(self, name: str) -> Any:
-        if self._closed:  # a job still running while the run stops must not open a client that outlives it
-            raise RuntimeError(f"the run is stopping; the {name} service is not called any more")
-        if name not in self._clients:
-            if name not in self.addresses:
-                raise RuntimeError(f"stage needs the {name} service, but no address is configured for it")
-            server_config = getattr(self.config, name).server
-            self._clients[name] = CLIENTS[name](self.addresses[name], server_config, self.config.security)
-        return self._clients[name]
 
     @property
     def mode(self) -> RewardMode:
         return reward_mode(self.config.run.mode)
 
     @property
-    def policy(self) -> PolicyClient:
-        return self._client("policy")
+    def policy(self) -> Policy:
+        return self.services.policy
 
     @property
-    def reward(self) -> RewardClient:
-        return self._client("reward")
+    def reward(self) -> Reward:
+        return self.services.reward
 
     @property
-    def verifier(self) -> VerifierClient:
-        return self._client("verifier")
+    def verifier(self) -> Verifier:
+        return self.services.verifier
 
     @property
-    def generator(self) -> GeneratorClient:
-        return self._client("generator")
+    def generator(self) -> Generator:
+        return self.services.generator
 
     def result(self, stage: str, step: int) -> Any:
         """The recorded result of job stage:step (a `stage_results` type, by `stage`)."""
@@ -137,13 +119,10 @@ class StageContext:
 
     @property
     def stopping(self) -> bool:
-        return self._closed
+        return self.services.closed
 
     def close(self) -> None:
-        self._closed = True
-        for client in list(self._clients.values()):
-            client.close()
-        self._clients.clear()
+        self.services.close()
 
 
 def completion_record(c: Completion) -> CompletionRecord:
@@ -207,7 +186,7 @@ def policy_version_after(ctx: StageContext, step: int) -> int:
 
 
 def sample(ctx: StageContext, job: str, version: int | None, prompts: list[tuple[str, str]], *, n: int,
-           temperature: float, top_p: float, seed: int) -> Any:
+           temperature: float, top_p: float, seed: int) -> Generation:
     """Generate with the policy of `version` (None: its current one). A version the service does not hold fails the
     run (InconsistentRun): the service is behind or ahead of the run, or was restarted without the versions kept
     behind its trainer."""
@@ -215,13 +194,13 @@ def sample(ctx: StageContext, job: str, version: int | None, prompts: list[tuple
     try:
         return policy.generate(prompts, n=n, temperature=temperature, top_p=top_p,
                                max_new_tokens=sampling.max_new_tokens, stop=sampling.stop, seed=seed, version=version)
-    except grpc.RpcError as err:
-        if err.code() != grpc.StatusCode.FAILED_PRECONDITION or version is None:
+    except VersionNotHeld as err:
+        if version is None:
             raise
         actual = policy.info().version
         if not version <= actual <= version + ctx.config.run.max_staleness:
             expect_version("policy", actual, version, job)
-        raise InconsistentRun(f"{job}: {err.details()}") from None
+        raise InconsistentRun(f"{job}: {err}") from None
 
 
 def expect_before_update(service: str, info: Any, expected: int, key: str, job: str) -> None:
@@ -299,7 +278,7 @@ def await_the_alarm(ctx: StageContext, step: int) -> None:
         time.sleep(0.02)
 
 
-def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: Any, sampled: int, job: str
+def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: PolicyInfo, sampled: int, job: str
                     ) -> PolicyUpdateResult | None:
     """The alarm's rollback, when one is due: the policy service restores its newest kept checkpoint at or below
     the requested version as version `sampled + 1`, and this step's update is skipped (its rollout came from the
@@ -338,10 +317,8 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
         rewards, source = verifier_rewards(ctx.verification(step)), "verifier"
     try:
         reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n, sampled)
-    except grpc.RpcError as err:  # a rollout the trainer refuses (too stale): no retry will make it fresher
-        if err.code() != grpc.StatusCode.FAILED_PRECONDITION:
-            raise
-        raise InconsistentRun(f"{job}: {err.details()}") from None
+    except StaleRollout as err:  # a rollout the trainer refuses (too stale): no retry will make it fresher
+        raise InconsistentRun(f"{job}: {err}") from None
     expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
     return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
             "reward_source": source}

@@ -86,5 +86,26 @@ class StageWorker:
             log.warning("worker %s stops: Redis is lost (%s)", self.name, err)
 
 
+def run_step_inline(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, float]:
+    """Every job of step `step` on this thread, one after another in the graph's order, each result recorded as a
+    worker records it; no queue, no threads, no retries (an error is raised as it is). For benches, tests and a
+    debugger stepping through one step; with `services.InProcessServices` the whole step runs in this process.
+    The jobs of earlier steps it depends on must be done. Returns each stage's seconds."""
+    seconds: dict[str, float] = {}
+    pending = graph.jobs(step)
+    while pending:
+        ready = [job for job in pending if all(ctx.store.is_done(d.id) for d in graph.dependencies(job))]
+        if not ready:
+            raise RuntimeError(f"step {step}: {[job.id for job in pending]} wait for jobs of earlier steps that are "
+                               "not done; run those steps first")
+        for job in ready:
+            start = time.perf_counter()
+            result = STAGES[job.stage](ctx, job.step)
+            result["seconds"] = seconds[job.stage] = time.perf_counter() - start
+            ctx.store.finish(job.id, result)
+            pending.remove(job)
+    return seconds
+
+
 def worker_name(index: int) -> str:
     return f"{os.uname().nodename}-{os.getpid()}-{index}"

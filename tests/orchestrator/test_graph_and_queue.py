@@ -19,6 +19,7 @@ from cooper.orchestrator import stages
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
 from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
+from cooper.orchestrator.services import RemoteServices
 from cooper.orchestrator.stages import StageContext
 from cooper.orchestrator.worker import StageWorker
 
@@ -106,7 +107,7 @@ def test_steps_are_seeded_epochs_without_repeats():
 def _context(store: RunStore, mode: str, steps: int) -> StageContext:
     config = CooperConfig.model_validate({"run": {"mode": mode, "steps": steps}})
     rows, tests = tiny_splits(0, train_size=50)
-    return StageContext(config, "r", store, StepData(rows, 2, 0), tests, addresses={})
+    return StageContext(config, "r", store, StepData(rows, 2, 0), tests, RemoteServices(config, {}))
 
 
 def _recording_stages(monkeypatch, log: list[str], lock: threading.Lock, fail_once: set[str] | None = None):
@@ -286,7 +287,8 @@ def test_in_act_mode_the_stages_taking_the_alarms_actions_wait_two_steps_behind_
     store = RunStore(redis_client, "cooper-test", run_id)
     store.set_logged(Logged(1))
     config = CooperConfig.model_validate({"run": {"mode": "static", "steps": 9}, "alarm": {"mode": "act"}})
-    ctx = StageContext(config, "r", store, StepData(tiny_splits(0, train_size=50)[0], 2, 0), {}, addresses={})
+    ctx = StageContext(config, "r", store, StepData(tiny_splits(0, train_size=50)[0], 2, 0), {},
+                       RemoteServices(config, {}))
     started = time.monotonic()
     stages.await_the_alarm(ctx, 3)  # step 1 is logged: no wait
     assert time.monotonic() - started < 0.1
@@ -299,4 +301,4 @@ def test_in_act_mode_the_stages_taking_the_alarms_actions_wait_two_steps_behind_
         stages.await_the_alarm(ctx, 8)
     # Warn mode (and a rule run) never waits: no action is taken from the alarm there.
     warn = CooperConfig.model_validate({"run": {"mode": "static", "steps": 9}, "alarm": {"mode": "warn"}})
-    stages.await_the_alarm(StageContext(warn, "r", store, ctx.data, {}, addresses={}), 8)
+    stages.await_the_alarm(StageContext(warn, "r", store, ctx.data, {}, RemoteServices(warn, {})), 8)

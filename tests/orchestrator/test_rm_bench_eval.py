@@ -15,6 +15,7 @@ from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.graph import Job, StepGraph
 from cooper.orchestrator.run import rm_benchmark, step_record
 from cooper.orchestrator.run_store import RunStore
+from cooper.orchestrator.services import RemoteServices
 from cooper.orchestrator.stages import StageContext
 from cooper.runtime.models import resolve_model
 from cooper.runtime.processes import start_service
@@ -39,7 +40,7 @@ def test_evaluation_scores_the_benchmark_with_the_current_reward_version(reward_
     config = CooperConfig.model_validate({"run": {"mode": "cooper"}, "eval": {"every": 1}})
     rows, _ = tiny_splits(0, train_size=10)
     ctx = StageContext(config, run_id, RunStore(redis_client, "test", run_id), StepData(rows, 2, 0), {},
-                       {"reward": reward_service.address}, bench)
+                       RemoteServices(config, {"reward": reward_service.address}), bench)
     try:
         first = stages.evaluate(ctx, 0)["rm_bench"]
         # The service's numbers are those of the same weights loaded here, thresholded at 0.5.
@@ -65,7 +66,7 @@ def test_step_record_logs_rm_bench_metrics_on_evaluation_steps(redis_client, run
     config = CooperConfig.model_validate({"run": {"mode": "static", "steps": 2}, "eval": {"every": 2}})
     rows, _ = tiny_splits(0, train_size=10)
     store = RunStore(redis_client, "test", run_id)
-    ctx = StageContext(config, run_id, store, StepData(rows, 2, 0), {}, {})
+    ctx = StageContext(config, run_id, store, StepData(rows, 2, 0), {}, RemoteServices(config, {}))
     graph = StepGraph("static", 2, 2)
     results = {
         g.ROLLOUT: {"prompts": [{"example": "a"}], "policy_version": 0, "data_position": {"epoch": 0, "offset": 0}},

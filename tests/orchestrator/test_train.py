@@ -18,8 +18,9 @@ import psutil
 import pytest
 import yaml
 
-from cooper.config import OptimConfig
+from cooper.config import OptimConfig, load_config
 from cooper.evaluation.rm_bench import reward_model_report, tiny_bench
+from cooper.launcher.launch import steps_in_process
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.outputs import read_metrics
 from cooper.runtime.models import resolve_model
@@ -223,3 +224,31 @@ def test_bad_config_fails_fast_with_the_key(tmp_path):
     assert result.returncode == 2 and "drop --config and the overrides" in result.stderr
     result = _cooper("train", "--resume", str(tmp_path / "missing"))
     assert result.returncode == 1 and "cannot resume" in result.stderr
+
+
+def test_a_run_in_one_process_is_the_run_the_services_give(tmp_path):
+    """`cooper train --in-process`: the stages call the four services' cores in this process (services.py) instead of
+    their gRPC clients; every metric of every step, losses included, is the one the same run through the services
+    records, and no service process is started (the verifier's checks run in its pool's workers either way)."""
+    args = ["train", "--no-progress", "run.steps=3", "run.seed=4", f"run.output_dir={tmp_path}", *BASE]
+    remote = _cooper(*args, "run.name=remote")
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    local = _cooper("train", "--in-process", *args[1:], "run.name=local")
+    assert local.returncode == 0, local.stderr[-3000:]
+    through_grpc, in_process = read_metrics(tmp_path / "remote"), read_metrics(tmp_path / "local")
+    assert [r["step"] for r in in_process] == [0, 1, 2]
+    assert in_process[-1]["pairs"] > 0 and in_process[-1]["reward_version"] == 3  # cooper mode: VerifyRM trained
+    for grpc_step, local_step in zip(through_grpc, in_process, strict=True):
+        untimed = {k: v for k, v in grpc_step.items() if not k.startswith("time/")}
+        assert untimed == {k: v for k, v in local_step.items() if not k.startswith("time/")}
+    service_logs = {"policy.log", "reward.log", "verifier.log", "generator.log"}
+    assert {p.name for p in (tmp_path / "remote" / "logs").iterdir()} == service_logs
+    assert not (tmp_path / "local" / "logs").exists()  # nothing was started that logs
+
+    # The first two steps again, in this process, one job after another on this thread (what bench/step.py and a
+    # debugger use); the config is the run's own, its checkpoints elsewhere.
+    again = steps_in_process(load_config(tmp_path / "remote" / "config.resolved.yaml", environ={}), steps=2)
+    assert [r["step"] for r in again] == [0, 1]
+    for record, logged in zip(again, through_grpc, strict=False):
+        assert {k: v for k, v in record.items() if not k.startswith("time/")} == \
+            {k: v for k, v in logged.items() if not k.startswith("time/")}

@@ -22,6 +22,7 @@ from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2
 from cooper.services.policy.client import PolicyClient
 from cooper.services.policy.core import PolicyCore
+from cooper.services.policy.errors import StaleRollout
 from cooper.services.policy.server import build_service
 
 PROMPTS = [("p0", "Tom has 3 apples."), ("p1", "Ivy has 12 pens and gives away 2.")]
@@ -152,9 +153,8 @@ def test_bad_requests_are_invalid_argument(serve: Callable[[PolicyConfig], Serve
     with pytest.raises(grpc.RpcError) as err:  # a Train that does not say which version sampled its rollout
         client.stub.Train(policy_pb2.TrainRequest(key=common_pb2.IdempotencyKey(run_id="run", step=1), group_size=2))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "sampled_version" in err.value.details()
-    with pytest.raises(grpc.RpcError) as err:  # sampled by a version the trainer has not made
+    with pytest.raises(StaleRollout, match="not made yet"):  # sampled by a version the trainer has not made
         client.train("run", 1, rollout, [0.0, 1.0, 0.0, 1.0], group_size=2, sampled_version=1)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not made yet" in err.value.details()
     with pytest.raises(grpc.RpcError) as err:
         client.restore("run", 1, at_most_version=-1)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at_most_version" in err.value.details()

@@ -6,5 +6,6 @@
 - `engine.py`, `hf_engine.py`, `vllm_engine.py`: the rollout engines; `sampler.py`, `rollout_process.py`: sampling
   from a version behind the trainer's, in a process of its own.
 - `core.py`: the service's state without gRPC; `server.py`: the gRPC translation; `client.py`: the orchestrator's
-  client; `messages.py`: the dataclasses it speaks.
+  client; `inprocess.py`: the same calls over a core in the caller's process; `messages.py`: the dataclasses they
+  speak.
 """

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import grpc
 
 from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.client import ServiceClient
+from cooper.services.policy.errors import StaleRollout, VersionNotHeld
 from cooper.services.policy.messages import (
     Completion,
     Generation,
@@ -38,14 +42,14 @@ class PolicyClient(ServiceClient):
         version: int | None = None,
     ) -> Generation:
         """`n` completions per (id, text) prompt; grouped by prompt in order, `index` ascending. `version`: the
-        policy version to sample from (FAILED_PRECONDITION when the service does not hold it); None: the current."""
+        policy version to sample from (VersionNotHeld when the service does not hold it); None: the current."""
         request = policy_pb2.GenerateRequest(
             prompts=[policy_pb2.Prompt(id=pid, text=text) for pid, text in prompts],
             sampling=policy_pb2.Sampling(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                                          stop=list(stop), seed=seed),
             version=version,
         )
-        reply = self.call(self.stub.Generate, request)
+        reply = self.call_refusing(self.stub.Generate, request, VersionNotHeld)
         # Plain fields, not json_format: that costs ~0.7 ms a completion, on the critical path of every step.
         completions = [Completion(c.prompt_id, c.index, c.text, list(c.token_ids), list(c.logprobs), c.finish_reason,
                                   list(c.prompt_token_ids)) for c in reply.completions]
@@ -61,7 +65,7 @@ class PolicyClient(ServiceClient):
         sampled_version: int,
     ) -> TrainResult:
         """One GRPO update on a rollout that policy version `sampled_version` sampled; retrying the same
-        (run_id, step) returns the recorded result (`replayed`)."""
+        (run_id, step) returns the recorded result (`replayed`). StaleRollout when the trainer must not take it."""
         request = policy_pb2.TrainRequest(
             key=common_pb2.IdempotencyKey(run_id=run_id, step=step),
             rollout=[policy_pb2.Completion(prompt_id=c.prompt_id, index=c.index, text=c.text, token_ids=c.token_ids,
@@ -69,8 +73,18 @@ class PolicyClient(ServiceClient):
                                            prompt_token_ids=c.prompt_token_ids) for c in rollout],
             rewards=list(rewards), group_size=group_size, sampled_version=sampled_version,
         )
-        reply = self.call(self.stub.Train, request)
+        reply = self.call_refusing(self.stub.Train, request, StaleRollout)
         return TrainResult(dict(reply.metrics), reply.version, reply.replayed)
+
+    def call_refusing(self, method: Any, request: Any, refusal: type[Exception]) -> Any:
+        """`call`, with the service's FAILED_PRECONDITION raised as the core's `refusal`, as an in-process core
+        raises it (inprocess.py): callers handle one exception whichever way they reach the service."""
+        try:
+            return self.call(method, request)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise refusal(err.details()) from err
+            raise
 
     def info(self) -> PolicyInfo:
         r = self.call(self.stub.Info, policy_pb2.InfoRequest())

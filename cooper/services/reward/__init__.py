@@ -15,5 +15,6 @@ Where things are, from the outside in:
 - `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update; the one rule from
   a logit to a reward and a judgement is cooper/reward_rule.py, which needs no torch.
 - `replica.py`: a read replica, following the trainer's checkpoints (cooper/runtime/checkpoint.py, REWARD).
-- `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client.
+- `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client;
+  `inprocess.py`: the same calls over a core in the caller's process.
 """

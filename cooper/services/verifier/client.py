@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.verifier.v1 import verifier_pb2, verifier_pb2_grpc
 from cooper.runtime.client import ServiceClient
-from cooper.services.verifier.messages import Verdict, VerifyItem, VerifyResult
+from cooper.services.verifier.messages import Verdict, VerifyItem, VerifyResult, pair_items
 
 __all__ = ["SERVICE_NAME", "Verdict", "VerifierClient", "VerifyItem", "VerifyResult"]
 
@@ -31,5 +31,4 @@ class VerifierClient(ServiceClient):
 
     def verify_pairs(self, pairs: Sequence[tuple[str, str]], deadline_s: float | None = None) -> list[VerifyResult]:
         """Convenience: [(completion, reference)] -> results, ids are the positions."""
-        items = [VerifyItem(id=str(i), completion=c, reference=r) for i, (c, r) in enumerate(pairs)]
-        return self.verify(items, deadline_s)
+        return self.verify(pair_items(pairs), deadline_s)

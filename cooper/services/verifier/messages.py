@@ -6,6 +6,7 @@ generator) load neither.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cooper.protos.wire_enum import WireEnum
@@ -57,3 +58,8 @@ class VerifyResult:
     extracted: str = ""  # the raw answer text found in the completion; empty when none
     ms: float = 0.0  # time spent on the item inside its worker
     detail: str = ""  # why, for ERROR and TIMEOUT
+
+
+def pair_items(pairs: Sequence[tuple[str, str]]) -> list[VerifyItem]:
+    """(completion, reference) pairs as items whose ids are their positions."""
+    return [VerifyItem(id=str(i), completion=c, reference=r) for i, (c, r) in enumerate(pairs)]
