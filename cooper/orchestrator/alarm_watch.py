@@ -1,10 +1,11 @@
 """The reward-hacking alarm as the driver runs it: one observation per logged step, its events written down.
 
 The detector (cooper/evaluation/alarm.py) is pure; this keeps its state in the run's Redis state (so a resumed run
-goes on with the same baseline and sums), adds `alarm/*` keys to each step's metrics record, appends every raise
-and clear to `alarms.jsonl` with the step and the policy's and reward model's versions, and, in act mode, sets the
-run state the stages read: `alarm_active` while the alarm is up, and with the rollback action, at each raise,
-`rollback_request` (which policy_update takes once: stages.rollback_policy).
+goes on with the same baseline and sums: `RunStore.alarm_memory`), adds `alarm/*` keys to each step's metrics record,
+appends every raise and clear to `alarms.jsonl` with the step and the policy's and reward model's versions, and, in
+act mode, writes the orders the stages read (`RunStore.alarm_orders`): the actions in force while the alarm is up,
+and with the rollback action, at each raise, a rollback request (which policy_update takes once:
+stages.rollback_policy).
 
 The onset of a raise is the last step at which every CUSUM statistic was 0 (or the baseline's last step): the sums
 start climbing after it, so the policy version that sampled it is the newest one not yet drifting.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +32,10 @@ from cooper.metric_names import (
     STEP,
 )
 from cooper.modes import reward_mode
-from cooper.orchestrator.run_store import RunStore
+from cooper.orchestrator.run_store import AlarmMemory, AlarmOrders, RollbackRequest, RunStore
 
 log = logging.getLogger("cooper.orchestrator")
 
-STATE_KEY = "alarm"
-LATCHED_KEY = "alarm_latched"  # with alarm.latch: the alarm has raised once, so its actions stay in force
-ACTIVE_KEY = "alarm_active"  # in act mode: the actions in force while the alarm is up, [] when it is down
-ACTING_KEY = "alarm_acting"  # the raises so far, the current one's step, its onset, how many actions are in force
-ROLLBACK_KEY = "rollback_request"  # with the rollback action: {"raise": n, "at_most_version": v}, one per raise
-ROLLBACK_DONE_KEY = "rollback_done"  # the raise whose rollback request policy_update took last
 EVENTS_FILE = "alarms.jsonl"
 
 
@@ -56,41 +50,9 @@ def acts(config: CooperConfig) -> bool:
     return config.alarm.mode == "act" and reward_mode(config.run.mode).reward_model_scores
 
 
-@dataclass(frozen=True)
-class RollbackRequest:
-    """The rollback of one raise: restore the newest kept policy checkpoint at or below `at_most_version`."""
-
-    raise_number: int
-    at_most_version: int
-
-
-@dataclass(frozen=True)
-class AlarmOrders:
-    """What the alarm asks of the stages now, from one read of the run state: all off unless it acts (act mode)."""
-
-    verifier_reward: bool = False
-    """The policy trains on the verifier's reward instead of VerifyRM's."""
-    rm_negatives: bool = False
-    """VerifyRM's update takes more optimizer steps, with the rollouts it overpaid as extra negatives."""
-    rollback: RollbackRequest | None = None
-    """The latest raise's rollback request (taken once: `rollback_done`)."""
-    rollback_done: int = 0
-    """The raise whose rollback policy_update took last."""
-
-    @classmethod
-    def read(cls, config: CooperConfig, store: RunStore) -> AlarmOrders:
-        if not acts(config):
-            return cls()
-        state = store.state()
-        active, request = set(state.get(ACTIVE_KEY, [])), state.get(ROLLBACK_KEY)
-        return cls("verifier_reward" in active, "rm_negatives" in active,
-                   RollbackRequest(request["raise"], request["at_most_version"]) if request else None,
-                   int(state.get(ROLLBACK_DONE_KEY, 0)))
-
-    @staticmethod
-    def rolled_back(store: RunStore, request: RollbackRequest) -> None:
-        """Record that policy_update took `request`, so that no later step takes it again."""
-        store.set_state(**{ROLLBACK_DONE_KEY: request.raise_number})
+def alarm_orders(config: CooperConfig, store: RunStore) -> AlarmOrders:
+    """What the alarm asks of the stages now: nothing unless it acts (act mode, in a mode it watches)."""
+    return store.alarm_orders() if acts(config) else AlarmOrders()
 
 
 class AlarmWatch:
@@ -107,16 +69,14 @@ class AlarmWatch:
                                       false_positive_margin=alarm.false_positive_margin,
                                       false_positive_bound=alarm.false_positive_bound)
         self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
-        state = store.state()
-        self.latched = bool(state.get(LATCHED_KEY))
         self.escalate_after = alarm.escalate_after
-        acting = state.get(ACTING_KEY, {})
-        self.raises, self.raised_step = int(acting.get("raises", 0)), int(acting.get("raised_step", 0))
-        self.onset: dict[str, int] = dict(acting.get("onset", {}))  # the newest step with every statistic at 0
-        self.level = int(acting.get("level", 0))  # how many of `actions`, in order, are in force
-        self.rolled_back = int(acting.get("rolled_back", 0))  # the raise whose rollback was requested last
-        saved = state.get(STATE_KEY)
-        self.alarm = HackingAlarm.from_state(self.settings, saved) if saved else HackingAlarm(self.settings)
+        memory = store.alarm_memory()  # a resumed run goes on where the last driver left off
+        self.latched, self.raises, self.raised_step = memory.latched, memory.raises, memory.raised_step
+        self.onset: dict[str, int] = dict(memory.onset or {})  # the newest step with every statistic at 0
+        self.level = memory.level  # how many of `actions`, in order, are in force
+        self.rolled_back = memory.rolled_back  # the raise whose rollback was requested last
+        self.alarm = (HackingAlarm.from_state(self.settings, memory.detector) if memory.detector
+                      else HackingAlarm(self.settings))
 
     @classmethod
     def for_run(cls, config: CooperConfig, store: RunStore, run_dir: Path) -> AlarmWatch | None:
@@ -162,21 +122,20 @@ class AlarmWatch:
             else:
                 log.warning("reward-hacking alarm cleared at step %d", step)
             fields[ALARM_EVENT] = event["event"]
-        state: dict[str, Any] = {STATE_KEY: self.alarm.state_dict()}
+        in_force: list[str] | None = None
+        rollback: RollbackRequest | None = None
         if self.acting:
             if self.latch and observation.raised and not self.latched:
-                self.latched = state[LATCHED_KEY] = True
+                self.latched = True
                 log.warning("alarm.latch: its actions stay in force for the rest of the run")
             in_force = self._in_force(step)
             if "rollback" in in_force and self.rolled_back < self.raises:
                 self.rolled_back = self.raises
-                state[ROLLBACK_KEY] = {"raise": self.raises, "at_most_version": self.onset.get("policy_version", 0)}
+                rollback = RollbackRequest(self.raises, self.onset.get("policy_version", 0))
                 log.warning("alarm: rolling the policy back to its newest checkpoint at or below version %d "
-                            "(onset: step %s)", state[ROLLBACK_KEY]["at_most_version"], self.onset.get("step"))
-            state[ACTIVE_KEY] = in_force
-        state[ACTING_KEY] = {"raises": self.raises, "raised_step": self.raised_step, "onset": self.onset,
-                             "level": self.level, "rolled_back": self.rolled_back}
-        self.store.set_state(**state)
+                            "(onset: step %s)", rollback.at_most_version, self.onset.get("step"))
+        self.store.set_alarm(AlarmMemory(self.alarm.state_dict(), self.latched, self.raises, self.raised_step,
+                                         self.onset, self.level, self.rolled_back), in_force, rollback)
         return fields
 
     def _in_force(self, step: int) -> list[str]:

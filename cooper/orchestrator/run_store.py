@@ -55,6 +55,63 @@ class Logged:
     """Where step `through` ended in the training data."""
 
 
+@dataclass(frozen=True)
+class RollbackRequest:
+    """The alarm's rollback of one raise: restore the newest kept policy checkpoint at or below `at_most_version`."""
+
+    raise_number: int
+    at_most_version: int
+
+
+@dataclass(frozen=True)
+class AlarmOrders:
+    """What the reward-hacking alarm asks of the stages now (alarm_watch.py writes it, in act mode only)."""
+
+    in_force: tuple[str, ...] = ()
+    """The actions in force, in the order they came into force (alarm.actions)."""
+    rollback: RollbackRequest | None = None
+    """The latest raise's rollback request (taken once: `rollback_done`)."""
+    rollback_done: int = 0
+    """The raise whose rollback policy_update took last."""
+
+    @property
+    def verifier_reward(self) -> bool:
+        """The policy trains on the verifier's reward instead of VerifyRM's."""
+        return "verifier_reward" in self.in_force
+
+    @property
+    def rm_negatives(self) -> bool:
+        """VerifyRM's update takes more optimizer steps, with the rollouts it overpaid as extra negatives."""
+        return "rm_negatives" in self.in_force
+
+
+@dataclass(frozen=True)
+class AlarmMemory:
+    """What the driver's alarm keeps across a resume: the detector's state and where its actions stand."""
+
+    detector: dict[str, Any] | None = None
+    """The detector's own state (evaluation/alarm.py, `state_dict`); None before the first step it saw."""
+    latched: bool = False
+    """With alarm.latch: it has raised once, so its actions stay in force."""
+    raises: int = 0
+    raised_step: int = 0
+    """The raises so far and the step of the latest."""
+    onset: dict[str, int] | None = None
+    """The newest step with every statistic at 0, and the policy version that sampled it."""
+    level: int = 0
+    """How many of the actions, in order, are in force."""
+    rolled_back: int = 0
+    """The raise whose rollback was requested last."""
+
+
+_ALARM = "alarm"
+_ALARM_LATCHED = "alarm_latched"
+_ALARM_ACTING = "alarm_acting"
+_ALARM_ACTIVE = "alarm_active"
+_ROLLBACK = "rollback_request"
+_ROLLBACK_DONE = "rollback_done"
+
+
 class RunStore:
     def __init__(self, client: redis.Redis, prefix: str, run_id: str):
         self.redis = client
@@ -170,6 +227,40 @@ class RunStore:
         self.set_state(logged_through=logged.through, policy_version=logged.policy_version,
                        reward_version=logged.reward_version, data_epoch=logged.data_epoch,
                        data_offset=logged.data_offset)
+
+    def alarm_orders(self) -> AlarmOrders:
+        """The alarm's orders to the stages, as its watch last wrote them (none before it acted)."""
+        state = self.state()
+        request = state.get(_ROLLBACK)
+        return AlarmOrders(tuple(state.get(_ALARM_ACTIVE, [])),
+                           RollbackRequest(request["raise"], request["at_most_version"]) if request else None,
+                           int(state.get(_ROLLBACK_DONE, 0)))
+
+    def rollback_taken(self, request: RollbackRequest) -> None:
+        """policy_update took `request`: no later step takes it again."""
+        self.set_state(**{_ROLLBACK_DONE: request.raise_number})
+
+    def alarm_memory(self) -> AlarmMemory:
+        state = self.state()
+        acting = state.get(_ALARM_ACTING, {})
+        return AlarmMemory(state.get(_ALARM), bool(state.get(_ALARM_LATCHED)), int(acting.get("raises", 0)),
+                           int(acting.get("raised_step", 0)), acting.get("onset") or None, int(acting.get("level", 0)),
+                           int(acting.get("rolled_back", 0)))
+
+    def set_alarm(self, memory: AlarmMemory, in_force: list[str] | None = None,
+                  rollback: RollbackRequest | None = None) -> None:
+        """One step's alarm, in one write: its memory, and in act mode the actions in force (`in_force`) and a new
+        rollback request."""
+        state: dict[str, Any] = {_ALARM: memory.detector, _ALARM_ACTING: {
+            "raises": memory.raises, "raised_step": memory.raised_step, "onset": memory.onset or {},
+            "level": memory.level, "rolled_back": memory.rolled_back}}
+        if memory.latched:
+            state[_ALARM_LATCHED] = True
+        if in_force is not None:
+            state[_ALARM_ACTIVE] = in_force
+        if rollback is not None:
+            state[_ROLLBACK] = {"raise": rollback.raise_number, "at_most_version": rollback.at_most_version}
+        self.set_state(**state)
 
     def error(self) -> str | None:
         """The failure that stopped the run (fail_run), or None."""

@@ -24,9 +24,9 @@ from cooper.config import CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.modes import RewardMode, reward_mode
 from cooper.orchestrator import graph
-from cooper.orchestrator.alarm_watch import AlarmOrders, acts
+from cooper.orchestrator.alarm_watch import acts, alarm_orders
 from cooper.orchestrator.data import Example, StepData, prompt_text
-from cooper.orchestrator.run_store import RunStore
+from cooper.orchestrator.run_store import AlarmOrders, RunStore
 from cooper.orchestrator.services import Generator, Policy, Reward, Services, Verifier
 from cooper.orchestrator.stage_results import (
     CompletionRecord,
@@ -293,7 +293,7 @@ def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: PolicyInfo, sa
         return None
     reply = ctx.policy.restore(key_run, request.raise_number, request.at_most_version)
     expect_version("policy", reply.version, sampled + 1, job)
-    AlarmOrders.rolled_back(ctx.store, request)
+    ctx.store.rollback_taken(request)
     return {"metrics": {}, "policy_version": reply.version, "replayed": reply.replayed, "reward_source": "rollback",
             "rolled_back_to": reply.restored_version}
 
@@ -305,7 +305,7 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     # to run.max_staleness versions after it.
     start = policy_version_after(ctx, step - 1) if ctx.config.run.max_staleness else sampled
     await_the_alarm(ctx, step)
-    orders = AlarmOrders.read(ctx.config, ctx.store)
+    orders = alarm_orders(ctx.config, ctx.store)
     info = policy.info()
     if rolled_back := rollback_policy(ctx, orders, info, sampled, job):
         return rolled_back
@@ -378,7 +378,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     reward, job, used = ctx.reward, f"reward_update:{step}", sc["reward_version"]
     optimizer_steps = flagged = 0
     await_the_alarm(ctx, step)
-    acting = AlarmOrders.read(ctx.config, ctx.store).rm_negatives
+    acting = alarm_orders(ctx.config, ctx.store).rm_negatives
     if acting:
         # While the alarm acts: VerifyRM learns faster, and from the very rollouts it overpays (those not already
         # among the pairs: the rollouts variant pairs every rejected rollout anyway).

@@ -147,7 +147,7 @@ def _records(steps: int, hack_from: int) -> list[dict]:  # type: ignore[type-arg
 
 
 def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_path, redis_client, run_id) -> None:
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.alarm_watch import AlarmWatch
     from cooper.orchestrator.run_store import RunStore
 
     store = RunStore(redis_client, "cooper-test", run_id)
@@ -160,7 +160,7 @@ def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_pat
     events = [json.loads(line) for line in (tmp_path / "alarms.jsonl").read_text().splitlines()]
     assert events[0] == {**events[0], "step": raised_at, "event": "raised", "policy_version": raised_at + 1,
                          "reward_version": 7, "actions": ["verifier_reward"], "trigger": "rm_false_positive_share"}
-    assert store.state()[ACTIVE_KEY] == ["verifier_reward"]  # the stages read this while the alarm is up
+    assert store.alarm_orders().in_force == ("verifier_reward",)  # the stages read this while the alarm is up
 
     # A resumed run (a new driver on the same Redis state) goes on with the same baseline and sums.
     resumed = AlarmWatch.for_run(_watch_config("static", "act"), store, tmp_path)
@@ -168,15 +168,15 @@ def test_a_watched_run_writes_each_raise_with_versions_and_acts_while_up(tmp_pat
 
 
 def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp_path, redis_client, run_id) -> None:
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
-    from cooper.orchestrator.run_store import RunStore
+    from cooper.orchestrator.alarm_watch import AlarmWatch
+    from cooper.orchestrator.run_store import AlarmOrders, RunStore
 
     store = RunStore(redis_client, "cooper-test", run_id)
     watch = AlarmWatch.for_run(_watch_config("cooper", "warn"), store, tmp_path)
     assert watch is not None
     for record in _records(120, hack_from=60):
         watch.observe(record)
-    assert (tmp_path / "alarms.jsonl").exists() and ACTIVE_KEY not in store.state()
+    assert (tmp_path / "alarms.jsonl").exists() and store.alarm_orders() == AlarmOrders()
     assert AlarmWatch.for_run(_watch_config("rule", "act"), store, tmp_path) is None
     assert AlarmWatch.for_run(_watch_config("static", "off"), store, tmp_path) is None
     assert AlarmWatch.for_run(_watch_config("static", "act", steps=30), store, tmp_path) is None
@@ -184,8 +184,8 @@ def test_warn_mode_never_sets_actions_and_rule_or_short_runs_are_not_watched(tmp
 
 def test_rm_negatives_acts_in_cooper_mode_only(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmOrders, AlarmWatch
-    from cooper.orchestrator.run_store import RunStore
+    from cooper.orchestrator.alarm_watch import AlarmWatch, alarm_orders
+    from cooper.orchestrator.run_store import AlarmOrders, RunStore
 
     both = ["alarm.mode=act", "alarm.actions=[verifier_reward,rm_negatives]", "run.steps=200"]
     for mode, expected in (("cooper", ["verifier_reward", "rm_negatives"]), ("static", ["verifier_reward"])):
@@ -195,21 +195,21 @@ def test_rm_negatives_acts_in_cooper_mode_only(tmp_path, redis_client, run_id) -
         assert watch is not None and watch.actions == expected
         for record in _records(120, hack_from=60):
             watch.observe(record)
-        assert store.state()[ACTIVE_KEY] == expected
-        orders = AlarmOrders.read(config, store)
+        assert store.alarm_orders().in_force == tuple(expected)
+        orders = alarm_orders(config, store)
         assert (orders.verifier_reward, orders.rm_negatives) == (True, mode == "cooper")
     warn = load_config(overrides=["run.mode=cooper", "alarm.mode=warn"])
-    assert AlarmOrders.read(warn, store) == AlarmOrders()  # warn mode never reads the state: nothing acts
+    assert alarm_orders(warn, store) == AlarmOrders()  # warn mode never reads the state: nothing acts
 
 
 def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, AlarmWatch
+    from cooper.orchestrator.alarm_watch import AlarmWatch
     from cooper.orchestrator.run_store import RunStore
 
     # A hack from step 60 to 90, then honest again: the alarm raises, then clears.
     records = [r if r["step"] < 90 else {**r, **_records(150, hack_from=10**6)[r["step"]]} for r in _records(150, 60)]
-    active: dict[bool, list[list[str]]] = {}
+    active: dict[bool, list[tuple[str, ...]]] = {}
     for latch in (False, True):
         config = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=act", f"alarm.latch={latch}"])
         store = RunStore(redis_client, "cooper-test", f"{run_id}-{latch}")
@@ -223,14 +223,14 @@ def test_a_latched_alarm_keeps_acting_after_it_clears_and_across_a_resume(tmp_pa
         active[latch] = []
         for record in records[120:]:
             resumed.observe(record)
-            active[latch].append(store.state()[ACTIVE_KEY])
-    assert active[False] == [[]] * 30 and active[True] == [["verifier_reward"]] * 30
+            active[latch].append(store.alarm_orders().in_force)
+    assert active[False] == [()] * 30 and active[True] == [("verifier_reward",)] * 30
 
 
 def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ROLLBACK_KEY, AlarmOrders, AlarmWatch, RollbackRequest
-    from cooper.orchestrator.run_store import RunStore
+    from cooper.orchestrator.alarm_watch import AlarmWatch, alarm_orders
+    from cooper.orchestrator.run_store import AlarmOrders, RollbackRequest, RunStore
 
     config = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=act",
                                     "alarm.actions=[verifier_reward,rollback]"])
@@ -240,15 +240,15 @@ def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_cl
     records = [{**r, "policy_version_sampled": r["step"] + 100} for r in _records(120, hack_from=60)]
     fields = [watch.observe(r) for r in records]
     raised_at = next(i for i, f in enumerate(fields) if f.get("alarm/event") == "raised")
-    request = store.state()[ROLLBACK_KEY]
+    request = store.alarm_orders().rollback
     event = json.loads((tmp_path / "alarms.jsonl").read_text().splitlines()[0])
     onset = event["onset"]["step"]
     # The onset is the last step with every statistic at 0, here before the hack began (step 60): the rollback
     # reaches weights the hack had not touched.
     assert 30 <= onset < 60 < raised_at
     assert fields[onset]["alarm/statistic"] == 0 and all(f["alarm/statistic"] > 0 for f in fields[onset + 1 : raised_at])
-    assert request == {"raise": 1, "at_most_version": onset + 100} and event["onset"]["policy_version"] == onset + 100
-    assert AlarmOrders.read(config, store).rollback == RollbackRequest(1, onset + 100)  # what policy_update reads
+    assert request == RollbackRequest(1, onset + 100) and event["onset"]["policy_version"] == onset + 100
+    assert alarm_orders(config, store).rollback == request  # what policy_update reads
     warn = load_config(overrides=["run.mode=static", "run.steps=200", "alarm.mode=warn",
                                   "alarm.actions=[rollback]"])
     quiet_store = RunStore(redis_client, "cooper-test", f"{run_id}-warn")
@@ -257,12 +257,12 @@ def test_each_raise_requests_one_rollback_to_before_its_onset(tmp_path, redis_cl
     (tmp_path / "warn").mkdir()
     for r in records:
         warned.observe(r)
-    assert ROLLBACK_KEY not in quiet_store.state()  # warn mode rolls nothing back
+    assert quiet_store.alarm_orders() == AlarmOrders()  # warn mode rolls nothing back
 
 
 def test_graded_actions_join_in_their_order_while_the_alarm_stays_up(tmp_path, redis_client, run_id) -> None:
     from cooper.config import load_config
-    from cooper.orchestrator.alarm_watch import ACTIVE_KEY, ROLLBACK_KEY, AlarmWatch
+    from cooper.orchestrator.alarm_watch import AlarmWatch
     from cooper.orchestrator.run_store import RunStore
 
     config = load_config(overrides=["run.mode=cooper", "run.steps=200", "alarm.mode=act", "alarm.escalate_after=10",
@@ -273,16 +273,17 @@ def test_graded_actions_join_in_their_order_while_the_alarm_stays_up(tmp_path, r
     active, requests = [], []
     for record in _records(120, hack_from=60):  # a hack that never stops: the alarm stays up once raised
         fields = watch.observe(record)
-        active.append(store.state().get(ACTIVE_KEY))
-        requests.append(store.state().get(ROLLBACK_KEY))
+        orders = store.alarm_orders()
+        active.append(orders.in_force)
+        requests.append(orders.rollback)
         if fields.get("alarm/event") == "raised":
             raised = record["step"]
-    assert active[raised - 1] == []
-    assert active[raised : raised + 10] == [["rm_negatives"]] * 10
-    assert active[raised + 10 : raised + 20] == [["rm_negatives", "verifier_reward"]] * 10
-    assert active[raised + 20] == ["rm_negatives", "verifier_reward", "rollback"] == active[-1]
+    assert active[raised - 1] == ()
+    assert active[raised : raised + 10] == [("rm_negatives",)] * 10
+    assert active[raised + 10 : raised + 20] == [("rm_negatives", "verifier_reward")] * 10
+    assert active[raised + 20] == ("rm_negatives", "verifier_reward", "rollback") == active[-1]
     # The rollback is requested once, when it comes into force, not at the raise.
-    assert requests[raised + 19] is None and requests[raised + 20]["raise"] == 1 and requests[-1] == requests[raised + 20]
+    assert requests[raised + 19] is None and requests[raised + 20].raise_number == 1 and requests[-1] == requests[raised + 20]
 
 
 def test_action_spans_are_the_steps_an_action_was_in_force() -> None:
