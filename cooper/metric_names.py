@@ -48,6 +48,13 @@ KL_FROM_INITIAL = "kl_from_initial"
 """KL(policy || initial policy) per completion, in nats; only where the policy measures KL against its start."""
 POLICY = "policy/"
 """Prefix of the policy update's own metrics, as the policy service reports them (`policy/kl`, ...)."""
+POLICY_KL = "kl"
+"""Of the policy update's metrics (under POLICY): the token-mean k3 estimate of KL against the initial policy."""
+POLICY_KL_SEQ = "kl_seq"
+"""Of the policy update's metrics: KL against the initial policy per completion; present only where the policy
+measures KL against its initial weights (a reference model is loaded)."""
+POLICY_RESPONSE_LENGTH = "response_length"
+"""Of the policy update's metrics: the mean completion length, in tokens."""
 
 # ----- versions and where the reward came from ------------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ from cooper.metric_names import (
     PAIR_ACCURACY_BEFORE,
     PAIRS,
     POLICY,
+    POLICY_KL,
+    POLICY_KL_SEQ,
+    POLICY_RESPONSE_LENGTH,
     POLICY_VERSION,
     POLICY_VERSION_SAMPLED,
     REWARD_ACCURACY_GAP,
@@ -61,16 +64,7 @@ from cooper.orchestrator.graph import StepGraph
 from cooper.orchestrator.outputs import MetricsLog, trim_metrics
 from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
 from cooper.orchestrator.services import Services
-from cooper.orchestrator.stage_results import (
-    EvaluationResult,
-    NegativesResult,
-    PolicyUpdateResult,
-    RewardUpdateResult,
-    RolloutResult,
-    ScoreResult,
-    VerificationResult,
-    verdicts_of,
-)
+from cooper.orchestrator.stage_results import EvaluationResult, StageResult, to_json
 from cooper.orchestrator.stages import StageContext, rm_accepts
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
@@ -92,29 +86,25 @@ def _mean(values: list[float]) -> float | None:
 def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any]:
     """The reward-hacking monitor and the training numbers of one finished step, from its jobs' results
     (`stage_results`)."""
-    results = {stage: ctx.result(stage, step) for stage in graph.stages(step)}  # one Redis read per job
-    ro: RolloutResult = results[g.ROLLOUT]
-    ve: VerificationResult = results[g.VERIFY]
-    sc: ScoreResult = results[g.SCORE]
-    pu: PolicyUpdateResult = results[g.POLICY_UPDATE]
-    verdicts = verdicts_of(ve)
+    ro, ve, sc, pu = ctx.rollout(step), ctx.verification(step), ctx.scores(step), ctx.policy_update(step)
+    verdicts = ve.verdicts
     correct = [v is Verdict.CORRECT for v in verdicts]
-    rewards = sc["rewards"]
+    rewards = sc.rewards
     record: dict[str, Any] = {
         STEP: step,
         MODE: graph.mode,
         REWARD_MEAN: _mean(rewards),
         VERIFIER_ACCURACY: _mean([float(c) for c in correct]),
         "no_answer_rate": _mean([float(v is Verdict.NO_ANSWER) for v in verdicts]),
-        REWARD_VERSION_USED: sc["reward_version"],
-        POLICY_VERSION: pu["policy_version"],
-        REWARD_SOURCE: pu.get("reward_source", graph.reward.reward_source),
-        POLICY_VERSION_SAMPLED: ro["policy_version"],
+        REWARD_VERSION_USED: sc.reward_version,
+        POLICY_VERSION: pu.policy_version,
+        REWARD_SOURCE: pu.reward_source,
+        POLICY_VERSION_SAMPLED: ro.policy_version,
         # Versions between the one that sampled the rollout and the one its update started from (run.max_staleness).
-        "policy_staleness": pu["policy_version"] - 1 - ro["policy_version"],
-        "prompt_ids": [p["example"] for p in ro["prompts"]],
-        "data_epoch": ro["data_position"]["epoch"],
-        "data_offset": ro["data_position"]["offset"],
+        "policy_staleness": pu.policy_version - 1 - ro.policy_version,
+        "prompt_ids": [p.example for p in ro.prompts],
+        "data_epoch": ro.data_position.epoch,
+        "data_offset": ro.data_position.offset,
     }
     if graph.reward.reward_model_scores:
         # How often VerifyRM and the verifier disagree: the first sign of reward hacking.
@@ -123,50 +113,54 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         record[REWARD_ACCURACY_GAP] = record[REWARD_MEAN] - record[VERIFIER_ACCURACY]
         # Threshold-free: does VerifyRM still rank the verifier's correct rollouts above its wrong ones? On the
         # logits, which the discrete variant keeps. And how many wrong ones does it accept?
-        record[RM_AUROC] = auroc(sc.get("logits") or rewards, correct)
+        record[RM_AUROC] = auroc(sc.logits or rewards, correct)
         record[RM_AUROC_SUPPORT] = min(sum(correct), len(correct) - sum(correct))  # the smaller class it ranks
         record[RM_FALSE_POSITIVE_RATE] = false_positive_rate(accepted, correct)
         record[ROLLOUTS] = len(correct)  # with the two rates above, the alarm's counts (exploit_check.step_counts)
         # The alarm's absolute check counts prompts, not rollouts: a blind spot is usually a prompt's (exploit_check.py)
         record[RM_FALSE_POSITIVES_BY_PROMPT] = false_positives_by_prompt(accepted, correct,
-                                                                         len(correct) // len(ro["prompts"]))
-    if "rolled_back_to" in pu:  # the alarm's rollback took this step's update: the version it restored
-        record[ALARM_ROLLED_BACK_TO] = pu["rolled_back_to"]
-    for key, value in pu["metrics"].items():
+                                                                         len(correct) // len(ro.prompts))
+    if pu.rolled_back_to is not None:  # the alarm's rollback took this step's update: the version it restored
+        record[ALARM_ROLLED_BACK_TO] = pu.rolled_back_to
+    for key, value in pu.metrics.items():
         record[POLICY + key] = value
-    if "kl_seq" in pu["metrics"]:  # the policy reports kl_seq only when it measured KL against its initial weights
+    if POLICY_KL_SEQ in pu.metrics:  # reported only when the policy measured KL against its initial weights
         # KL(pi || pi_initial) per completion, the x axis of the over-optimisation plot (Gao et al. 2022): the
         # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
-        record[KL_FROM_INITIAL] = pu["metrics"]["kl"] * pu["metrics"]["response_length"]
+        record[KL_FROM_INITIAL] = pu.metrics[POLICY_KL] * pu.metrics[POLICY_RESPONSE_LENGTH]
+    results: list[tuple[str, StageResult]] = [(g.ROLLOUT, ro), (g.VERIFY, ve), (g.SCORE, sc), (g.POLICY_UPDATE, pu)]
     if graph.reward.reward_model_learns:
-        ng: NegativesResult = results[g.NEGATIVES]
-        ru: RewardUpdateResult = results[g.REWARD_UPDATE]
+        ng, ru = ctx.negatives(step), ctx.reward_update(step)
+        results += [(g.NEGATIVES, ng), (g.REWARD_UPDATE, ru)]
         record.update({
-            PAIRS: ru["pairs"],
-            "valid_pair_rate": (ru["pairs"] - ru.get("flagged_pairs", 0)) / max(1, ng["prompts"]),
-            "positive_rate": ng["positives"] / max(1, ng["prompts"]),
-            PAIR_ACCURACY_BEFORE: ru["pair_accuracy_before"] if ru["pairs"] else None,
-            PAIR_ACCURACY_AFTER: ru["pair_accuracy_after"] if ru["pairs"] else None,
-            "rm_loss": ru["loss"] if ru["pairs"] else None, "rm_grad_norm": ru["grad_norm"] if ru["pairs"] else None,
-            REWARD_VERSION: ru["reward_version"],
-            "rm_flagged_pairs": ru.get("flagged_pairs", 0), "rm_optimizer_steps": ru.get("optimizer_steps"),
-            ALARM_RM_NEGATIVES: ru.get("alarm_acted", False),
+            PAIRS: ru.pairs,
+            "valid_pair_rate": (ru.pairs - ru.flagged_pairs) / max(1, ng.prompts),
+            "positive_rate": ng.positives / max(1, ng.prompts),
+            PAIR_ACCURACY_BEFORE: ru.pair_accuracy_before if ru.pairs else None,
+            PAIR_ACCURACY_AFTER: ru.pair_accuracy_after if ru.pairs else None,
+            "rm_loss": ru.loss if ru.pairs else None, "rm_grad_norm": ru.grad_norm if ru.pairs else None,
+            REWARD_VERSION: ru.reward_version,
+            "rm_flagged_pairs": ru.flagged_pairs, "rm_optimizer_steps": ru.optimizer_steps,
+            ALARM_RM_NEGATIVES: ru.alarm_acted,
         })
     if graph.evaluates_after(step):
-        evaluation: EvaluationResult = results[g.EVALUATE]
-        for name, accuracy in evaluation["accuracy"].items():
-            record[TEST + name] = accuracy
-        for key, value in evaluation.get("rm_bench", {}).items():
-            record[RM_BENCH + key] = value
+        evaluation = ctx.evaluation(step)
+        results.append((g.EVALUATE, evaluation))
+        record.update(evaluation_record(evaluation, TEST, RM_BENCH))
     if step == 0 and graph.evaluates_after(-1):  # the initial policy's evaluation, before any update
         initial = ctx.evaluation(-1)
-        for name, accuracy in initial["accuracy"].items():
-            record[TEST_INITIAL + name] = accuracy
-        for key, value in initial.get("rm_bench", {}).items():
-            record[RM_BENCH_INITIAL + key] = value
-        record[TIME + "evaluate_initial"] = initial["seconds"]
-    for stage, result in results.items():
-        record[TIME + stage] = result["seconds"]
+        record.update(evaluation_record(initial, TEST_INITIAL, RM_BENCH_INITIAL))
+        record[TIME + "evaluate_initial"] = initial.seconds
+    for stage, result in results:
+        record[TIME + stage] = result.seconds
+    return record
+
+
+def evaluation_record(evaluation: EvaluationResult, test: str, rm_bench: str) -> dict[str, Any]:
+    """An evaluation's metrics: accuracy per test set, and the reward model's on eval.rm_benchmark_path."""
+    record: dict[str, Any] = {test + name: accuracy for name, accuracy in evaluation.accuracy.items()}
+    if evaluation.rm_bench is not None:
+        record.update({rm_bench + key: value for key, value in to_json(evaluation.rm_bench).items()})
     return record
 
 

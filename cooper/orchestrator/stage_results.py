@@ -1,95 +1,89 @@
-"""What each stage job records in Redis: the JSON result of `stages.<stage>(ctx, step)`, as typed dicts.
+"""What each stage job records: the result of `stages.<stage>(ctx, step)`, a dataclass per stage.
 
-The stages write these, the stages of later jobs and the driver's `run.step_record` read them; both import the keys
-from here. They stay dicts (JSON in Redis, readable by any worker process and kept across a resume), typed so that
-a reader and the writer agree on the keys. The worker adds `seconds` (the job's wall time) to every result.
+The stages return these and read earlier jobs' results as these (`StageContext.result`); the driver's
+`run.step_record` reads them too. They become JSON only at the store's edge (`to_json` when the worker records a
+result, `from_json` when a reader takes it back), so that any worker process can read them and they outlive a
+restart; verdicts travel as their names. The worker sets `seconds` (the job's wall time) on every result.
 """
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
+import enum
+import types
+import typing
+from dataclasses import dataclass, fields, is_dataclass
+from functools import cache
+from typing import Any, TypeVar
 
+from cooper.services.policy.messages import Completion
+from cooper.services.reward.items import PreferencePair
 from cooper.services.verifier.messages import Verdict
 
 
-class StageResult(TypedDict, total=False):
-    seconds: float
-    """The job's wall time in the worker; added after the stage function returns."""
+@dataclass(kw_only=True)
+class StageResult:
+    seconds: float = 0.0
+    """The job's wall time in the worker; set after the stage function returns."""
 
 
-class PromptRecord(TypedDict):
+@dataclass(frozen=True)
+class Prompt:
     id: str  # "<step>-<slot>-<example id>": a prompt that recurs in a later epoch is still its own group
     question: str
     answer: str  # the reference answer
     example: str  # the example's id in the training data
 
 
-class CompletionRecord(TypedDict):
-    """A `policy.messages.Completion` as JSON (`stages.completion_record`)."""
-
-    prompt_id: str
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    prompt_token_ids: list[int]
-
-
-class DataPosition(TypedDict):
+@dataclass(frozen=True)
+class DataPosition:
     epoch: int
     offset: int
 
 
+@dataclass
 class RolloutResult(StageResult):
     policy_version: int  # the policy version that sampled the rollout
-    prompts: list[PromptRecord]
-    completions: list[CompletionRecord]  # grouped by prompt, `policy.sampling.n` per prompt
+    prompts: list[Prompt]
+    completions: list[Completion]  # grouped by prompt, `policy.sampling.n` per prompt
     data_position: DataPosition  # where in the training data the step's batch was taken
 
+    def prompts_by_id(self) -> dict[str, Prompt]:
+        return {p.id: p for p in self.prompts}
 
+
+@dataclass
 class VerificationResult(StageResult):
-    verdicts: list[str]  # verdict names (CORRECT, INCORRECT, NO_ANSWER, TIMEOUT, ERROR), one per completion
+    verdicts: list[Verdict]  # one per completion
     extracted: list[str]  # the answer the verifier found in each completion
 
 
-def verdicts_of(result: VerificationResult) -> list[Verdict]:
-    """The recorded verdicts as the enum: names in the store (JSON), members everywhere they are read."""
-    return [Verdict[name] for name in result["verdicts"]]
-
-
+@dataclass
 class ScoreResult(StageResult):
     rewards: list[float]  # one per completion, in rollout order
     logits: list[float]  # VerifyRM's raw logits; empty in rule mode
     reward_version: int  # the reward model version that scored; -1 in rule mode
 
 
+@dataclass
 class PolicyUpdateResult(StageResult):
     metrics: dict[str, float]
     policy_version: int  # after the update
     replayed: bool
     reward_source: str  # "reward_model", or "verifier" while the reward-hacking alarm acts (rule mode: "verifier"),
     # or "rollback": the alarm's rollback restored an earlier checkpoint instead of an update (metrics empty)
-    rolled_back_to: NotRequired[int]  # with "rollback": the version whose weights the policy serves again
+    rolled_back_to: int | None = None  # with "rollback": the version whose weights the policy serves again
 
 
-class PairRecord(TypedDict):
-    """A `reward.items.PreferencePair` as JSON."""
-
-    question: str
-    reference: str
-    positive: str
-    negative: str
-
-
+@dataclass
 class NegativesResult(StageResult):
-    pairs: list[PairRecord]
+    pairs: list[PreferencePair]
     prompts: int
     positives: int  # prompts with a verified positive
     attempts: int  # candidates the generator tried
     rejections: list[list[str]]  # per positive, why each rejected candidate was rejected
 
 
+@dataclass
 class RewardUpdateResult(StageResult):
     loss: float
     grad_norm: float
@@ -104,15 +98,69 @@ class RewardUpdateResult(StageResult):
     alarm_acted: bool  # the alarm's rm_negatives action was in force for this update
 
 
-class RmBenchResult(TypedDict):
+@dataclass(frozen=True)
+class RmBenchResult:
     accuracy: float
     auroc: float
     reward_version: int
-    false_positive_rate: NotRequired[float | None]  # of its wrong items, accepted; the alarm's bound comes from it
-    negatives: NotRequired[int]  # how many wrong items
+    false_positive_rate: float | None = None  # of its wrong items, accepted; the alarm's bound comes from it
+    negatives: int = 0  # how many wrong items
 
 
+@dataclass
 class EvaluationResult(StageResult):
     accuracy: dict[str, float]  # per held-out benchmark
     policy_version: int
-    rm_bench: NotRequired[RmBenchResult]  # with eval.rm_benchmark_path only
+    rm_bench: RmBenchResult | None = None  # with eval.rm_benchmark_path only
+
+
+# ----- the store's edge ---------------------------------------------------------------------------------------------
+
+R = TypeVar("R")
+
+
+def to_json(value: Any) -> Any:
+    """A result (or any part of one) as JSON-able data: dataclasses as dicts, enums as their names."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, list):  # token ids and rewards as they are; dataclasses and enums item by item
+        plain = not value or (isinstance(value[0], (int, float, str)) and not isinstance(value[0], enum.Enum))
+        return value if plain else [to_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: to_json(item) for key, item in value.items()}
+    return value  # numbers, strings, lists of them (token ids) as they are
+
+
+def from_json(kind: type[R], data: Any) -> R:
+    """`data` (to_json's output) back as `kind`."""
+    return _decode(kind, data)
+
+
+@cache
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+def _decode(kind: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    if is_dataclass(kind):
+        hints = _hints(kind)
+        return kind(**{key: _decode(hints[key], value) for key, value in data.items()})
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind[data]
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list and args and (is_dataclass(args[0]) or _is_enum(args[0]) or typing.get_origin(args[0])):
+        return [_decode(args[0], item) for item in data]
+    if origin is dict and args and is_dataclass(args[1]):
+        return {key: _decode(args[1], item) for key, item in data.items()}
+    if origin in (typing.Union, types.UnionType):
+        return _decode(next(a for a in args if a is not type(None)), data)
+    return data
+
+
+def _is_enum(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, enum.Enum)
+

@@ -1,8 +1,9 @@
-"""The stage jobs: plain functions `stage(ctx, step) -> result dict`, keyed by name in STAGES.
+"""The stage jobs: plain functions `stage(ctx, step) -> result`, keyed by name in STAGES (their results' types in
+RESULTS).
 
 Each reads its inputs from the results of the jobs it depends on, calls the services through `ctx.services`
-(services.py: their gRPC clients, or their cores in this process; both speak plain dataclasses), and returns a
-JSON-able result (its type in `stage_results`) that the worker records in Redis. Re-running a job is harmless:
+(services.py: their gRPC clients, or their cores in this process; both speak plain dataclasses), and returns its
+result (a dataclass of `stage_results`), which the worker records in Redis as JSON. Re-running a job is harmless:
 Generate is seeded by (run seed, step), Train and Update carry the idempotency key (run id, step), the rest are pure
 reads.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,25 +31,24 @@ from cooper.orchestrator.data import Example, StepData, prompt_text
 from cooper.orchestrator.run_store import AlarmOrders, RunStore
 from cooper.orchestrator.services import Generator, Policy, Reward, Services, Verifier
 from cooper.orchestrator.stage_results import (
-    CompletionRecord,
+    DataPosition,
     EvaluationResult,
     NegativesResult,
-    PairRecord,
     PolicyUpdateResult,
-    PromptRecord,
+    Prompt,
     RewardUpdateResult,
     RmBenchResult,
     RolloutResult,
     ScoreResult,
     StageResult,
     VerificationResult,
-    verdicts_of,
+    from_json,
 )
 from cooper.reward_rule import accepts, accepts_score, logit_to_reward
 from cooper.runtime.ledger import idempotency_key
 from cooper.services.generator.messages import NegativeItem
 from cooper.services.policy.errors import StaleRollout, VersionNotHeld
-from cooper.services.policy.messages import Completion, Generation, PolicyInfo
+from cooper.services.policy.messages import Generation, PolicyInfo
 from cooper.services.reward.items import PreferencePair, ScoreItem
 from cooper.services.verifier.messages import REJECTED, Verdict, VerifyItem
 
@@ -91,31 +92,31 @@ class StageContext:
     def generator(self) -> Generator:
         return self.services.generator
 
-    def result(self, stage: str, step: int) -> Any:
-        """The recorded result of job stage:step (a `stage_results` type, by `stage`)."""
-        return self.store.result(graph.Job(step, stage).id)
+    def result(self, stage: str, step: int) -> StageResult:
+        """The recorded result of job stage:step, as its stage's type (RESULTS); KeyError when none is recorded."""
+        return from_json(RESULTS[stage], self.store.result(graph.Job(step, stage).id))
 
     # Each stage's recorded result, typed, so that an editor follows a step from job to job.
     def rollout(self, step: int) -> RolloutResult:
-        return self.result(graph.ROLLOUT, step)
+        return typing.cast(RolloutResult, self.result(graph.ROLLOUT, step))
 
     def verification(self, step: int) -> VerificationResult:
-        return self.result(graph.VERIFY, step)
+        return typing.cast(VerificationResult, self.result(graph.VERIFY, step))
 
     def scores(self, step: int) -> ScoreResult:
-        return self.result(graph.SCORE, step)
+        return typing.cast(ScoreResult, self.result(graph.SCORE, step))
 
     def policy_update(self, step: int) -> PolicyUpdateResult:
-        return self.result(graph.POLICY_UPDATE, step)
+        return typing.cast(PolicyUpdateResult, self.result(graph.POLICY_UPDATE, step))
 
     def negatives(self, step: int) -> NegativesResult:
-        return self.result(graph.NEGATIVES, step)
+        return typing.cast(NegativesResult, self.result(graph.NEGATIVES, step))
 
     def reward_update(self, step: int) -> RewardUpdateResult:
-        return self.result(graph.REWARD_UPDATE, step)
+        return typing.cast(RewardUpdateResult, self.result(graph.REWARD_UPDATE, step))
 
     def evaluation(self, step: int) -> EvaluationResult:
-        return self.result(graph.EVALUATE, step)
+        return typing.cast(EvaluationResult, self.result(graph.EVALUATE, step))
 
     @property
     def stopping(self) -> bool:
@@ -123,20 +124,6 @@ class StageContext:
 
     def close(self) -> None:
         self.services.close()
-
-
-def completion_record(c: Completion) -> CompletionRecord:
-    # Field by field, not dataclasses.asdict, which deep-copies every token id: this is on every step's critical path.
-    return {"prompt_id": c.prompt_id, "index": c.index, "text": c.text, "token_ids": c.token_ids,
-            "logprobs": c.logprobs, "finish_reason": c.finish_reason, "prompt_token_ids": c.prompt_token_ids}
-
-
-def completions_of(rollout: RolloutResult) -> list[Completion]:
-    return [Completion(**c) for c in rollout["completions"]]
-
-
-def prompts_by_id(rollout: RolloutResult) -> dict[str, PromptRecord]:
-    return {p["id"]: p for p in rollout["prompts"]}
 
 
 class InconsistentRun(RuntimeError):
@@ -149,7 +136,7 @@ def reward_version_after(ctx: StageContext, step: int) -> int:
     """VerifyRM's version after reward_update(`step`); once that step was logged (and its results deleted), the run
     state's, which the driver sets from the same result before deleting it."""
     try:
-        return ctx.result(graph.REWARD_UPDATE, step)["reward_version"]
+        return ctx.reward_update(step).reward_version
     except KeyError:
         logged = ctx.store.logged()
         if logged.through >= step and logged.reward_version is not None:
@@ -175,9 +162,8 @@ def policy_version_after(ctx: StageContext, step: int) -> int:
     """The policy version policy_update(`step`) made; step -1: the version the run started from (rollout(0)'s).
     Every policy_update adds exactly one version (`expect_version` checks it), so once a step is logged and its
     results deleted, the run state's last logged version gives every earlier one."""
-    stage, of = (graph.POLICY_UPDATE, step) if step >= 0 else (graph.ROLLOUT, 0)
     try:
-        return ctx.result(stage, of)["policy_version"]
+        return ctx.policy_update(step).policy_version if step >= 0 else ctx.rollout(0).policy_version
     except KeyError:
         logged = ctx.store.logged()
         if logged.through >= max(step, 0) and logged.policy_version is not None:
@@ -217,48 +203,46 @@ def rollout(ctx: StageContext, step: int) -> RolloutResult:
     examples = ctx.data.batch(step)
     sampling = ctx.config.policy.sampling
     # Prompt ids carry the step and slot, so a prompt that recurs in a later epoch is still a distinct group.
-    prompts = [PromptRecord(id=f"{step}-{k}-{e.id}", question=e.question, answer=e.answer, example=e.id)
+    prompts = [Prompt(id=f"{step}-{k}-{e.id}", question=e.question, answer=e.answer, example=e.id)
                for k, e in enumerate(examples)]
     version = policy_version_after(ctx, max(step - 1 - ctx.config.run.max_staleness, -1)) if step > 0 else None
     reply = sample(ctx, f"rollout:{step}", version,
-                   [(p["id"], prompt_text(ctx.config, e)) for p, e in zip(prompts, examples, strict=True)],
+                   [(p.id, prompt_text(ctx.config, e)) for p, e in zip(prompts, examples, strict=True)],
                    n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                    seed=step_seed(ctx.config.run.seed, step, "rollout"))
     if version is not None:
         expect_version("policy", reply.version, version, f"rollout:{step}")
-    completions = [completion_record(c) for c in reply.completions]
-    epoch, offset = ctx.data.position(step)
-    return {"policy_version": reply.version, "prompts": prompts, "completions": completions,
-            "data_position": {"epoch": epoch, "offset": offset}}
+    return RolloutResult(policy_version=reply.version, prompts=prompts, completions=reply.completions,
+                         data_position=DataPosition(*ctx.data.position(step)))
 
 
 def verify(ctx: StageContext, step: int) -> VerificationResult:
     ro = ctx.rollout(step)
-    by_id = prompts_by_id(ro)
-    items = [VerifyItem(id=str(k), completion=c.get("text", ""), reference=by_id[c["prompt_id"]]["answer"])
-             for k, c in enumerate(ro["completions"])]
+    by_id = ro.prompts_by_id()
+    items = [VerifyItem(id=str(k), completion=c.text, reference=by_id[c.prompt_id].answer)
+             for k, c in enumerate(ro.completions)]
     results = ctx.verifier.verify(items)
-    return {"verdicts": [Verdict.Name(r.verdict) for r in results], "extracted": [r.extracted for r in results]}
+    return VerificationResult(verdicts=[Verdict(r.verdict) for r in results], extracted=[r.extracted for r in results])
 
 
 def verifier_rewards(verification: VerificationResult) -> list[float]:
     """The verifier's reward: 1 for CORRECT, 0 for anything else (rule mode's, and the alarm's fallback)."""
-    return [1.0 if v is Verdict.CORRECT else 0.0 for v in verdicts_of(verification)]
+    return [1.0 if v is Verdict.CORRECT else 0.0 for v in verification.verdicts]
 
 
 def score(ctx: StageContext, step: int) -> ScoreResult:
     if not ctx.mode.reward_model_scores:  # the verifier's 1/0; the reward service is never called
-        return {"rewards": verifier_rewards(ctx.verification(step)), "logits": [], "reward_version": -1}
+        return ScoreResult(rewards=verifier_rewards(ctx.verification(step)), logits=[], reward_version=-1)
     ro = ctx.rollout(step)
-    by_id = prompts_by_id(ro)
-    items = [ScoreItem(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
-                       completion=c.get("text", "")) for c in ro["completions"]]
+    by_id = ro.prompts_by_id()
+    items = [ScoreItem(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer, completion=c.text)
+             for c in ro.completions]
     result = ctx.reward.score(items)
     if ctx.mode.reward_model_learns and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
         expect_version("reward", result.version,
                        reward_version_after(ctx, step - 1),
                        f"score:{step}")
-    return {"rewards": list(result.scores), "logits": list(result.logits), "reward_version": result.version}
+    return ScoreResult(rewards=list(result.scores), logits=list(result.logits), reward_version=result.version)
 
 
 ALARM_REACTION_STEPS = 2
@@ -294,13 +278,13 @@ def rollback_policy(ctx: StageContext, orders: AlarmOrders, info: PolicyInfo, sa
     reply = ctx.policy.restore(key_run, request.raise_number, request.at_most_version)
     expect_version("policy", reply.version, sampled + 1, job)
     ctx.store.rollback_taken(request)
-    return {"metrics": {}, "policy_version": reply.version, "replayed": reply.replayed, "reward_source": "rollback",
-            "rolled_back_to": reply.restored_version}
+    return PolicyUpdateResult(metrics={}, policy_version=reply.version, replayed=reply.replayed,
+                              reward_source="rollback", rolled_back_to=reply.restored_version)
 
 
 def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     ro, sc = ctx.rollout(step), ctx.scores(step)
-    policy, job, sampled = ctx.policy, f"policy_update:{step}", ro["policy_version"]
+    policy, job, sampled = ctx.policy, f"policy_update:{step}", ro.policy_version
     # The version this update starts from: the one that sampled the rollout, or with rollouts ahead of training up
     # to run.max_staleness versions after it.
     start = policy_version_after(ctx, step - 1) if ctx.config.run.max_staleness else sampled
@@ -310,42 +294,42 @@ def policy_update(ctx: StageContext, step: int) -> PolicyUpdateResult:
     if rolled_back := rollback_policy(ctx, orders, info, sampled, job):
         return rolled_back
     expect_before_update("policy", info, start, idempotency_key(ctx.run_id, step), job)
-    rewards, source = sc["rewards"], ctx.mode.reward_source
+    rewards, source = sc.rewards, ctx.mode.reward_source
     # While the reward-hacking alarm acts, the policy learns from the verifier; score(t) still asks the reward model,
     # whose disagreement with the verifier is what tells the alarm when to clear.
     if orders.verifier_reward:
         rewards, source = verifier_rewards(ctx.verification(step)), "verifier"
     try:
-        reply = policy.train(ctx.run_id, step, completions_of(ro), rewards, ctx.config.policy.sampling.n, sampled)
+        reply = policy.train(ctx.run_id, step, ro.completions, rewards, ctx.config.policy.sampling.n, sampled)
     except StaleRollout as err:  # a rollout the trainer refuses (too stale): no retry will make it fresher
         raise InconsistentRun(f"{job}: {err}") from None
     expect_version("policy", reply.version, start + 1, job)  # GRPO on the weights of the version it started from
-    return {"metrics": dict(reply.metrics), "policy_version": reply.version, "replayed": reply.replayed,
-            "reward_source": source}
+    return PolicyUpdateResult(metrics=dict(reply.metrics), policy_version=reply.version, replayed=reply.replayed,
+                              reward_source=source)
 
 
 def verified_positives(ro: RolloutResult, ve: VerificationResult) -> dict[str, str]:
     """Each prompt's positive: its first completion the verifier marks correct (docs/design.md, section 2.2)."""
     positives: dict[str, str] = {}
-    for completion, verdict in zip(ro["completions"], verdicts_of(ve), strict=True):
-        if verdict is Verdict.CORRECT and completion["prompt_id"] not in positives:
-            positives[completion["prompt_id"]] = completion.get("text", "")
+    for completion, verdict in zip(ro.completions, ve.verdicts, strict=True):
+        if verdict is Verdict.CORRECT and completion.prompt_id not in positives:
+            positives[completion.prompt_id] = completion.text
     return positives
 
 
 def flagged_false_positives(ro: RolloutResult, ve: VerificationResult, sc: ScoreResult) -> list[PreferencePair]:
     """The rollouts VerifyRM accepted and the verifier rejected (INCORRECT or NO_ANSWER), each as the negative
     against its prompt's verified positive; prompts without one give none."""
-    positives, by_id = verified_positives(ro, ve), prompts_by_id(ro)
-    return [PreferencePair(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
-                           positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-            for c, v, accepted in zip(ro["completions"], verdicts_of(ve), rm_accepts(sc), strict=True)
-            if v in REJECTED and accepted and c["prompt_id"] in positives]
+    positives, by_id = verified_positives(ro, ve), ro.prompts_by_id()
+    return [PreferencePair(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer,
+                           positive=positives[c.prompt_id], negative=c.text)
+            for c, v, accepted in zip(ro.completions, ve.verdicts, rm_accepts(sc), strict=True)
+            if v in REJECTED and accepted and c.prompt_id in positives]
 
 
 def rm_accepts(sc: ScoreResult) -> list[bool]:
     """Per rollout, whether VerifyRM accepted it: from its logits, or its rewards where no logits were recorded."""
-    return [accepts(x) for x in sc["logits"]] if sc["logits"] else [accepts_score(r) for r in sc["rewards"]]
+    return [accepts(x) for x in sc.logits] if sc.logits else [accepts_score(r) for r in sc.rewards]
 
 
 def negatives(ctx: StageContext, step: int) -> NegativesResult:
@@ -353,29 +337,30 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
     group's verifier-rejected completions (rollouts), against the generator's rewrite of it (generator), or both."""
     ro, ve = ctx.rollout(step), ctx.verification(step)
     positives = verified_positives(ro, ve)
-    by_id = prompts_by_id(ro)
+    by_id = ro.prompts_by_id()
     source = ctx.config.run.negatives
-    pairs: list[PairRecord] = []
+    pairs: list[PreferencePair] = []
     if source in ("rollouts", "both"):
-        pairs += [PairRecord(question=by_id[c["prompt_id"]]["question"], reference=by_id[c["prompt_id"]]["answer"],
-                             positive=positives[c["prompt_id"]], negative=c.get("text", ""))
-                  for c, v in zip(ro["completions"], verdicts_of(ve), strict=True)
-                  if v in REJECTED and c["prompt_id"] in positives]
+        pairs += [PreferencePair(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer,
+                                 positive=positives[c.prompt_id], negative=c.text)
+                  for c, v in zip(ro.completions, ve.verdicts, strict=True)
+                  if v in REJECTED and c.prompt_id in positives]
     results = []
     if source in ("generator", "both") and positives:
-        items = [NegativeItem(id=pid, question=by_id[pid]["question"], reference=by_id[pid]["answer"], positive=text)
+        items = [NegativeItem(id=pid, question=by_id[pid].question, reference=by_id[pid].answer, positive=text)
                  for pid, text in positives.items()]
         results = ctx.generator.negatives(items)
-        pairs += [PairRecord(question=by_id[r.id]["question"], reference=by_id[r.id]["answer"],
-                             positive=positives[r.id], negative=r.negative) for r in results if r.valid]
-    return {"pairs": pairs, "prompts": len(ro["prompts"]), "positives": len(positives),
-            "attempts": sum(r.attempts for r in results), "rejections": [list(r.rejections) for r in results]}
+        pairs += [PreferencePair(question=by_id[r.id].question, reference=by_id[r.id].answer,
+                                 positive=positives[r.id], negative=r.negative) for r in results if r.valid]
+    return NegativesResult(pairs=pairs, prompts=len(ro.prompts), positives=len(positives),
+                           attempts=sum(r.attempts for r in results),
+                           rejections=[list(r.rejections) for r in results])
 
 
 def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     ng, sc = ctx.negatives(step), ctx.scores(step)
-    pairs = [PreferencePair(**p) for p in ng["pairs"]]
-    reward, job, used = ctx.reward, f"reward_update:{step}", sc["reward_version"]
+    pairs = list(ng.pairs)
+    reward, job, used = ctx.reward, f"reward_update:{step}", sc.reward_version
     optimizer_steps = flagged = 0
     await_the_alarm(ctx, step)
     acting = alarm_orders(ctx.config, ctx.store).rm_negatives
@@ -390,10 +375,10 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     expect_before_update("reward", reward.info(), used, idempotency_key(ctx.run_id, step), job)
     r = reward.update(ctx.run_id, step, pairs, optimizer_steps)
     expect_version("reward", r.version, used + (0 if r.skipped else 1), job)  # v_t -> v_{t+1}: the model that scored
-    return {"loss": r.loss, "grad_norm": r.grad_norm, "pair_accuracy_before": r.pair_accuracy_before,
-            "pair_accuracy_after": r.pair_accuracy_after, "reward_version": r.version, "skipped": r.skipped,
-            "replayed": r.replayed, "pairs": len(pairs), "flagged_pairs": flagged,
-            "optimizer_steps": optimizer_steps or ctx.config.reward.update_steps, "alarm_acted": acting}
+    return RewardUpdateResult(loss=r.loss, grad_norm=r.grad_norm, pair_accuracy_before=r.pair_accuracy_before,
+                              pair_accuracy_after=r.pair_accuracy_after, reward_version=r.version, skipped=r.skipped,
+                              replayed=r.replayed, pairs=len(pairs), flagged_pairs=flagged,
+                              optimizer_steps=optimizer_steps or ctx.config.reward.update_steps, alarm_acted=acting)
 
 
 def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
@@ -405,7 +390,7 @@ def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
     for name, rows in ctx.tests.items():
         rows = rows[: ev.max_problems] if ev.max_problems else rows
         # Step -1 evaluates the initial policy, version 0, before policy_update(0) (graph.py).
-        expected = 0 if step == -1 else ctx.policy_update(step)["policy_version"]
+        expected = 0 if step == -1 else ctx.policy_update(step).policy_version
         reply = sample(ctx, f"evaluate:{step}", expected, [(row.id, prompt_text(ctx.config, row)) for row in rows],
                        n=ev.k, temperature=ev.temperature, top_p=ev.top_p,
                        seed=step_seed(ctx.config.run.seed, step, f"eval:{name}"))
@@ -416,10 +401,8 @@ def evaluate(ctx: StageContext, step: int) -> EvaluationResult:
                  for k, c in enumerate(reply.completions)]
         verdicts = ctx.verifier.verify(items)
         accuracies[name] = statistics.fmean(v.verdict == Verdict.CORRECT for v in verdicts) if verdicts else 0.0
-    result: EvaluationResult = {"accuracy": accuracies, "policy_version": version}
-    if ctx.rm_bench:
-        result["rm_bench"] = score_rm_bench(ctx)
-    return result
+    return EvaluationResult(accuracy=accuracies, policy_version=version,
+                            rm_bench=score_rm_bench(ctx) if ctx.rm_bench else None)
 
 
 def score_rm_bench(ctx: StageContext) -> RmBenchResult:
@@ -433,9 +416,20 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
     # every AUROC comparison.
     probabilities = [logit_to_reward(logit) for logit in scored.logits] if scored.logits else list(scored.scores)
     report = reward_model_report(ctx.rm_bench, probabilities)
-    return {"accuracy": report.accuracy, "auroc": report.auroc, "reward_version": scored.version,
-            "false_positive_rate": report.false_positive_rate, "negatives": report.negatives}
+    return RmBenchResult(accuracy=report.accuracy, auroc=report.auroc, reward_version=scored.version,
+                         false_positive_rate=report.false_positive_rate, negatives=report.negatives)
 
+
+RESULTS: dict[str, type[StageResult]] = {
+    graph.ROLLOUT: RolloutResult,
+    graph.VERIFY: VerificationResult,
+    graph.SCORE: ScoreResult,
+    graph.POLICY_UPDATE: PolicyUpdateResult,
+    graph.NEGATIVES: NegativesResult,
+    graph.REWARD_UPDATE: RewardUpdateResult,
+    graph.EVALUATE: EvaluationResult,
+}
+"""What each stage's job records."""
 
 STAGES: dict[str, Callable[[StageContext, int], StageResult]] = {
     graph.ROLLOUT: rollout,

@@ -19,6 +19,7 @@ import redis
 
 from cooper.orchestrator.graph import Job, StepGraph
 from cooper.orchestrator.run_store import JobStatus, RunStore
+from cooper.orchestrator.stage_results import to_json
 from cooper.orchestrator.stages import STAGES, StageContext
 
 log = logging.getLogger("cooper.orchestrator.worker")
@@ -57,8 +58,9 @@ class StageWorker:
                 self.store.fail_run(f"job {job_id} failed{times}: {detail}")
             self.store.ack(message_id)
             return
-        result["seconds"] = time.perf_counter() - start
-        self.store.finish(job_id, result)
+        record = to_json(result)
+        record["seconds"] = time.perf_counter() - start
+        self.store.finish(job_id, record)
         self.enqueue_unblocked(job)
         self.store.ack(message_id)
 
@@ -100,9 +102,9 @@ def run_step_inline(ctx: StageContext, graph: StepGraph, step: int) -> dict[str,
                                "not done; run those steps first")
         for job in ready:
             start = time.perf_counter()
-            result = STAGES[job.stage](ctx, job.step)
-            result["seconds"] = seconds[job.stage] = time.perf_counter() - start
-            ctx.store.finish(job.id, result)
+            record = to_json(STAGES[job.stage](ctx, job.step))
+            record["seconds"] = seconds[job.stage] = time.perf_counter() - start
+            ctx.store.finish(job.id, record)
             pending.remove(job)
     return seconds
 

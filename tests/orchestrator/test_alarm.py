@@ -299,20 +299,28 @@ def test_action_spans_are_the_steps_an_action_was_in_force() -> None:
 
 
 def test_flagged_false_positives_are_the_accepted_rejected_rollouts_against_their_prompts_positive() -> None:
-    from cooper.orchestrator.stages import flagged_false_positives
+    from dataclasses import replace
 
-    prompts = [{"id": "p1", "question": "q1", "answer": "1", "example": "e1"},
-               {"id": "p2", "question": "q2", "answer": "2", "example": "e2"}]
+    from cooper.orchestrator.stage_results import DataPosition, Prompt, RolloutResult, ScoreResult, VerificationResult
+    from cooper.orchestrator.stages import flagged_false_positives
+    from cooper.services.policy.messages import Completion
+    from cooper.services.verifier.messages import Verdict
+
+    prompts = [Prompt("p1", "q1", "1", "e1"), Prompt("p2", "q2", "2", "e2")]
     texts = [("p1", "right 1"), ("p1", "wrong, accepted"), ("p1", "wrong, refused"), ("p1", "no answer, accepted"),
              ("p2", "wrong, accepted but p2 has no positive"), ("p2", "timed out, accepted")]
-    rollout = {"prompts": prompts, "completions": [{"prompt_id": p, "text": t} for p, t in texts]}
-    verification = {"verdicts": ["CORRECT", "INCORRECT", "INCORRECT", "NO_ANSWER", "INCORRECT", "TIMEOUT"]}
-    score = {"rewards": [1.0, 1.0, 0.0, 1.0, 1.0, 1.0], "logits": [2.0, 0.3, -0.2, 1.5, 3.0, 1.0]}
-    pairs = flagged_false_positives(rollout, verification, score)  # type: ignore[arg-type]
+    rollout = RolloutResult(policy_version=0, prompts=prompts, data_position=DataPosition(0, 0), completions=[
+        Completion(p, i % 4, t, [1], [0.0], "stop", [1]) for i, (p, t) in enumerate(texts)])
+    verification = VerificationResult(verdicts=[Verdict.CORRECT, Verdict.INCORRECT, Verdict.INCORRECT,
+                                                Verdict.NO_ANSWER, Verdict.INCORRECT, Verdict.TIMEOUT],
+                                      extracted=[""] * 6)
+    score = ScoreResult(rewards=[1.0, 1.0, 0.0, 1.0, 1.0, 1.0], logits=[2.0, 0.3, -0.2, 1.5, 3.0, 1.0],
+                        reward_version=0)
+    pairs = flagged_false_positives(rollout, verification, score)
     assert [(p.question, p.reference, p.positive, p.negative) for p in pairs] == [
         ("q1", "1", "right 1", "wrong, accepted"), ("q1", "1", "right 1", "no answer, accepted")]
     # Without logits (a reward service that returns none) the scores decide, at 0.5.
-    no_logits = flagged_false_positives(rollout, verification, {**score, "logits": []})  # type: ignore[arg-type]
+    no_logits = flagged_false_positives(rollout, verification, replace(score, logits=[]))
     assert [p.negative for p in no_logits] == ["wrong, accepted", "no answer, accepted"]
 
 

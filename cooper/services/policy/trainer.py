@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 from torch import Tensor
 
+from cooper.metric_names import POLICY_KL, POLICY_KL_SEQ, POLICY_RESPONSE_LENGTH
 from cooper.services.policy.grpo import (
     LossSettings,
     group_advantages,
@@ -48,7 +49,7 @@ ROLLOUT_SUM_KEYS = ("rollout_abs_diff", "rollout_kl", "rollout_tokens", "rollout
 def per_token_metrics(sums: dict[str, float], per_token: float) -> dict[str, float]:
     """Loss terms and entropy summed over tokens (and epochs) -> their token means, as reported per update."""
     return {"loss": sums["loss"] / per_token, "policy_loss": sums["policy_loss"] / per_token,
-            "kl": sums["kl"] / per_token, "clip_fraction": sums["clipped"] / per_token,
+            POLICY_KL: sums["kl"] / per_token, "clip_fraction": sums["clipped"] / per_token,
             "entropy": sums["entropy"] / per_token}
 
 
@@ -232,13 +233,13 @@ def update_metrics(sums: dict[str, float], rewards: Sequence[float], epochs: int
     metrics = {
         **per_token_metrics(sums, epochs * sums["tokens"]),
         "grad_norm": sums["grad_norm"],
-        "response_length": sums["tokens"] / sums["samples"],
+        POLICY_RESPONSE_LENGTH: sums["tokens"] / sums["samples"],
         "reward_mean": float(torch.tensor(list(rewards), dtype=torch.float64).mean()),
         **rollout_metrics(sums, rollout_is_cap),
     }
     if sums["has_reference"]:
         # KL(pi || pi_init) per completion, the sequence-level quantity of Gao et al.'s over-optimisation plots.
-        metrics["kl_seq"] = sums["kl_seq"] / sums["samples"]
+        metrics[POLICY_KL_SEQ] = sums["kl_seq"] / sums["samples"]
     metrics["lr"] = sums["lr"]
     return metrics
 
