@@ -57,6 +57,7 @@ from cooper.services.policy.placement import Placement, launched
 from cooper.services.policy.sampler import BehindSampler
 from cooper.services.policy.trainer import (
     GRPOTrainer,
+    PolicyUpdater,
     RolloutSample,
     rollout_samples,
     rollout_tensors,
@@ -148,14 +149,9 @@ class PolicyCore:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = load_causal_lm(weights_path, torch.float32, self.device)
         self.reference = None
-        self.trainer: Any  # a trainer.PolicyUpdater: GRPOTrainer, or ranks.RankGroup when world_size > 1
-        if self.world_size > 1:
-            # The ranks hold the sharded weights, optimizer and reference; `self.model` stays rank 0's full copy,
-            # which the engine samples from and checkpoints save (ranks.py).
-            self.trainer = self._start_ranks(weights_path, checkpoint)
-        else:
+        if self.world_size == 1:  # ranks hold their own shards of the reference
             self.reference = load_reference(cfg, self.initial_path, self.autocast, self.device)
-            self.trainer = self._single_rank_trainer()
+        self.trainer = self._new_updater(weights_path, checkpoint)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         self.version = 0
         self.ledger: Ledger[dict[str, Any]] = Ledger(KEY_HISTORY)
@@ -163,8 +159,6 @@ class PolicyCore:
         self.abandoned: list[tuple[int, int]] = []
         """Version ranges a restore left behind (first, last): their checkpoints are another branch's weights."""
         if checkpoint:
-            if self.world_size == 1:  # the ranks load their shards of it themselves
-                self.trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             self._restore_state(checkpoint)
         self._lock = threading.Lock()
         """The trainer's: Train, Save, Restore; and Generate unless the engine samples from weights of its own."""
@@ -207,7 +201,17 @@ class PolicyCore:
     def _record(self, key: str, metrics: dict[str, float]) -> None:
         self.ledger.record(key, {"metrics": metrics, "version": self.version})
 
-    def _start_ranks(self, weights_path: str, checkpoint: Any) -> Any:
+    def _new_updater(self, weights_path: str, checkpoint: Any) -> PolicyUpdater:
+        """The updater of `self.model` (loaded from `weights_path`), with the optimizer state of `checkpoint` (None:
+        a fresh optimizer): a trainer in this process, or with world_size > 1 the ranks, which hold the sharded
+        weights, optimizer and reference and load their shards of `checkpoint` themselves; `self.model` stays rank
+        0's full copy, which the engine samples from and checkpoints save (ranks.py)."""
+        if self.world_size == 1:
+            trainer = GRPOTrainer.from_config(self.model, self.reference, self.cfg, self.tokenizer.pad_token_id,
+                                              self.autocast)
+            if checkpoint:
+                trainer.load_optimizer_state(read_optimizer_state(checkpoint))
+            return trainer
         # Imported here only: FSDP's modules take about a second to import, which one rank never needs.
         from cooper.services.policy.ranks import RankGroup, RankSpec
 
@@ -239,7 +243,7 @@ class PolicyCore:
             self.version, self.ledger, self.abandoned = 0, Ledger(KEY_HISTORY), []
             self.durable.loaded("", 0)
         self._sync_engine()
-        self.trainer = self._start_ranks(weights_path, checkpoint)
+        self.trainer = self._new_updater(weights_path, checkpoint)
         self._replay_journal()
         return RanksRestarted(
             f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
@@ -252,19 +256,12 @@ class PolicyCore:
         self.model.load_state_dict(fresh.state_dict())
         del fresh
 
-    def _single_rank_trainer(self) -> GRPOTrainer:
-        """A trainer on `self.model` with a fresh optimizer (world_size 1)."""
-        return GRPOTrainer.from_config(self.model, self.reference, self.cfg, self.tokenizer.pad_token_id,
-                                       self.autocast)
-
     def close(self) -> None:
         """Let a background checkpoint finish; stop the other ranks (world_size > 1)."""
         with self._lock:
             self.durable.wait()
-            if self.world_size > 1:
-                self.trainer.close()
-            if close_engine := getattr(self.engine, "close", None):  # the rollout process
-                close_engine()
+            self.trainer.close()
+            self.engine.close()
 
     def _sync_engine(self) -> None:
         """After the trainer's weights changed: the engine samples the new ones. An engine with weights of its own
@@ -351,13 +348,9 @@ class PolicyCore:
             target, restored_version = self._restore_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path
             self._load_weights_in_place(weights_path)
-            if self.world_size > 1:
-                self.trainer.close()
-                self.trainer = self._start_ranks(weights_path, target)
-            else:  # a fresh optimizer, then the checkpoint's state (the initial model has none: it starts fresh)
-                self.trainer = self._single_rank_trainer()
-                if target:
-                    self.trainer.load_optimizer_state(read_optimizer_state(target))
+            self.trainer.close()
+            # The checkpoint's optimizer state with its weights (the initial model has none: a fresh optimizer).
+            self.trainer = self._new_updater(weights_path, target)
             if restored_version < self.version:
                 self.abandoned.append((restored_version + 1, self.version))
             self.version += 1
@@ -435,7 +428,7 @@ class PolicyCore:
             self.durable.wait()
             if self.durable.unjournaled_on_stop():
                 return None
-            if self.world_size > 1 and self.trainer.closed:  # a group lost across machines: no state to gather
+            if self.trainer.closed:  # a group lost across machines: no state to gather
                 log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "
                             "update since the last checkpoint")
                 return None

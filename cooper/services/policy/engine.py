@@ -72,6 +72,10 @@ class RolloutEngine(Protocol):
         of their own (vLLM's, the rollout process's) are asked to (run.max_staleness > 0)."""
         ...
 
+    def close(self) -> None:
+        """Stop what the engine runs beside the service (the rollout process); as the service stops."""
+        ...
+
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """The prompt's token ids: the chat template (one user turn, generation prompt) when the tokenizer has one."""

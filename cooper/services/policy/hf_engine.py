@@ -64,6 +64,9 @@ class TransformersEngine:
         # fill every knob we leave unset; the request alone must decide how we sample, so start from a blank one.
         model.generation_config = GenerationConfig(eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
+    def close(self) -> None:
+        """Nothing runs beside it: it samples from the trainer's own module, in this process."""
+
     def sync_weights(self) -> None:
         """Nothing to do: the engine samples from the module the trainer updates."""
 

@@ -257,9 +257,20 @@ class PolicyUpdater(ABC):
     def apply_update(self, samples: Sequence[RolloutSample], advantages: Tensor) -> dict[str, float]:
         """One optimizer update on the rollout; the sums of `GRPOTrainer.run_update` over the whole batch."""
 
+    closed: bool = False
+    """True once closed or killed (the ranks are gone); one process's updater never is."""
+
     @abstractmethod
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer state in the single-rank format, whatever the world size."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop what runs beside this process for the updates (the other ranks), as the service stops."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Stop at once, after a failure (the other ranks)."""
 
     def train_step(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int
                    ) -> dict[str, float]:
@@ -465,3 +476,9 @@ class GRPOTrainer(PolicyUpdater):
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+
+    def close(self) -> None:
+        """Nothing runs beside it: the updates happen in this process."""
+
+    def kill(self) -> None:
+        """Nothing runs beside it: the updates happen in this process."""

@@ -105,6 +105,9 @@ class VLLMEngine:
         with random_state_kept(), launcher_environment_hidden():
             self.llm = self._thread.submit(vllm.LLM, **kwargs).result()
 
+    def close(self) -> None:
+        """Nothing to stop from here: vLLM shuts its engine's workers down when this process exits."""
+
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
         self.load_weights(self.model.state_dict())
