@@ -66,7 +66,8 @@ def main() -> int:
         "alarm_raises": r["alarm_raises"],
     } for r in results["runs"]}
     failed = {seed: [k for k, ok in checks.items() if not ok] for seed, checks in results["criteria"].items()}
-    print(json.dumps({"seeds": results["seeds"], "benchmark": results.get("benchmark"), "runs": per_run,
+    print(json.dumps({"seeds": results["seeds"], "benchmark": results.get("benchmark"),
+                      "judged_recipe": results.get("judged_recipe"), "runs": per_run,
                       "across_seeds": results.get("across_seeds"), "failed_criteria": failed,
                       "reproduced": results["reproduced"], "seconds": round(seconds, 1),
                       "plots": str(results_path.parent)}))

@@ -65,6 +65,15 @@ NO_ACTION = "-noaction"
 """Suffix of a control run's label: the same mode and seed with the alarm only warning (`--no-action-control`)."""
 
 
+def judged_recipe(config: CooperConfig) -> dict[str, Any]:
+    """What the verdict's `cooper` ran: the settings of cooper mode's reward-model update in `config` (the other
+    recipes, `cooper-paper` and `cooper-rollouts`, are reported beside it under their own labels)."""
+    reward = config.reward
+    return {"label": "cooper", "negatives": config.run.negatives, "generator": config.generator.strategy,
+            "update_steps": reward.update_steps, "replay_updates": reward.replay_updates,
+            "calibration_weight": reward.calibration_weight, "lr": reward.optim.lr, "discrete": reward.discrete}
+
+
 def recipe_of(label: str) -> str:
     """The experiment label without its control's suffix: `static-noaction` is static's control."""
     return label.removesuffix(NO_ACTION)
@@ -400,7 +409,8 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
                 summary = summarize(recipe_of(label), seed, recs, TEST + benchmark, float(start))
                 (controls if label.endswith(NO_ACTION) else summaries).append(summary)
     verdict = {**judge(summaries), "across_seeds": across_seeds(summaries), "seeds": seeds, "modes": list(modes),
-               "benchmark": benchmark, "no_action_controls": [asdict(s) for s in controls],
+               "benchmark": benchmark, "judged_recipe": judged_recipe(config),
+               "no_action_controls": [asdict(s) for s in controls],
                "seconds": round(time.monotonic() - started, 1), "provenance": provenance(config),
                "run_dirs": {f"{m}-s{s}": str(p) for (m, s), p in run_dirs.items()}}
     (out / "results.json").write_text(json.dumps(verdict, indent=2))

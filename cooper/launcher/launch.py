@@ -125,7 +125,9 @@ def steps_in_process(config: CooperConfig, steps: int = 1) -> list[dict[str, Any
 
         python -c "from cooper.config import load_config, preset_path; from cooper.launcher.launch import \
             steps_in_process; print(steps_in_process(load_config(preset_path('tiny')), 1))"
-    """
+
+    From a script, call it under `if __name__ == "__main__":`: the verifier's worker processes start from a fork
+    server, which imports the script's module again (Python's rule for multiprocessing)."""
     import tempfile
 
     from cooper.orchestrator.data import StepData, load_data

@@ -59,5 +59,8 @@ def test_cooper_experiment_from_an_empty_directory(tmp_path):
     assert verdict["reproduced"] is False and verdict["benchmark"] == "heldout"  # judged on the held-out set
     assert {(s["mode"], s["seed"]) for s in verdict["runs"]} == {("rule", seed), ("static", seed)}
     assert verdict["criteria"][str(seed)]["cooper_keeps_up_with_rule"] is False
+    # It says which of cooper's recipes its `cooper` is: the preset's (configs/tiny.yaml).
+    assert verdict["judged_recipe"] == {**verdict["judged_recipe"], "label": "cooper", "negatives": "both",
+                                        "generator": "varied", "lr": 5e-4}
     assert len(json.loads((out / "best_of_n.json").read_text())["curve"]) >= 2
     assert (out / "exploits.md").read_text().startswith("#")
