@@ -46,6 +46,7 @@ from cooper import metric_names as names
 from cooper.config import load_config
 from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.outputs import read_metrics
+from cooper.orchestrator.run_store import RunState
 
 HELDOUT_START, HELDOUT = names.TEST_INITIAL + "heldout", names.TEST + "heldout"
 # What AlarmWatch.observe writes into a step's record; the rest of a record's alarm/* keys come from the stages.
@@ -60,7 +61,7 @@ DETECTOR_FIELDS = (names.STEP, names.RM_AUROC, names.RM_AUROC_SUPPORT, names.REW
 TRIMMED_FIELDS = (*DETECTOR_FIELDS, *ALARM_FIELDS, names.REWARD_SOURCE, HELDOUT_START, HELDOUT)
 
 
-class MemoryStore:
+class MemoryStore(RunState):
     """The run state AlarmWatch reads and writes, in a dict; JSON in and out, as the run's Redis state is."""
 
     def __init__(self) -> None:
@@ -84,7 +85,7 @@ def replay_run(run_dir: Path, records: Sequence[Mapping[str, Any]], overrides: S
     """The run's alarm replayed step by step; None for a run the alarm does not watch (rule mode, alarm off)."""
     config = load_config(run_dir / "config.yaml", overrides, environ={})
     with tempfile.TemporaryDirectory() as events_dir:  # AlarmWatch appends its raises and clears to alarms.jsonl
-        watch = AlarmWatch.for_run(config, MemoryStore(), Path(events_dir))  # type: ignore[arg-type]
+        watch = AlarmWatch.for_run(config, MemoryStore(), Path(events_dir))
         if watch is None:
             return None
         replayed = [watch.observe({k: v for k, v in record.items() if k not in ALARM_FIELDS}) for record in records]

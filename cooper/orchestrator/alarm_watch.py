@@ -1,9 +1,9 @@
 """The reward-hacking alarm as the driver runs it: one observation per logged step, its events written down.
 
 The detector (cooper/evaluation/alarm.py) is pure; this keeps its state in the run's Redis state (so a resumed run
-goes on with the same baseline and sums: `RunStore.alarm_memory`), adds `alarm/*` keys to each step's metrics record,
+goes on with the same baseline and sums: `RunState.alarm_memory`), adds `alarm/*` keys to each step's metrics record,
 appends every raise and clear to `alarms.jsonl` with the step and the policy's and reward model's versions, and, in
-act mode, writes the orders the stages read (`RunStore.alarm_orders`): the actions in force while the alarm is up,
+act mode, writes the orders the stages read (`RunState.alarm_orders`): the actions in force while the alarm is up,
 and with the rollback action, at each raise, a rollback request (which policy_update takes once:
 stages.rollback_policy).
 
@@ -32,7 +32,7 @@ from cooper.metric_names import (
     STEP,
 )
 from cooper.modes import reward_mode
-from cooper.orchestrator.run_store import AlarmMemory, AlarmOrders, RollbackRequest, RunStore
+from cooper.orchestrator.run_store import AlarmMemory, AlarmOrders, RollbackRequest, RunState
 
 log = logging.getLogger("cooper.orchestrator")
 
@@ -50,13 +50,13 @@ def acts(config: CooperConfig) -> bool:
     return config.alarm.mode == "act" and reward_mode(config.run.mode).reward_model_scores
 
 
-def alarm_orders(config: CooperConfig, store: RunStore) -> AlarmOrders:
+def alarm_orders(config: CooperConfig, store: RunState) -> AlarmOrders:
     """What the alarm asks of the stages now: nothing unless it acts (act mode, in a mode it watches)."""
     return store.alarm_orders() if acts(config) else AlarmOrders()
 
 
 class AlarmWatch:
-    def __init__(self, config: CooperConfig, store: RunStore, run_dir: Path):
+    def __init__(self, config: CooperConfig, store: RunState, run_dir: Path):
         alarm = config.alarm
         self.acting = alarm.mode == "act"
         self.actions = [a for a in alarm.actions if applies(a, config.run.mode)] if self.acting else []
@@ -79,7 +79,7 @@ class AlarmWatch:
                       else HackingAlarm(self.settings))
 
     @classmethod
-    def for_run(cls, config: CooperConfig, store: RunStore, run_dir: Path) -> AlarmWatch | None:
+    def for_run(cls, config: CooperConfig, store: RunState, run_dir: Path) -> AlarmWatch | None:
         """None when there is nothing to watch: alarm.mode off, rule mode (no reward model), or a run too short
         to fit a baseline and then watch."""
         if config.alarm.mode == "off" or not reward_mode(config.run.mode).reward_model_scores:

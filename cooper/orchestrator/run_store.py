@@ -112,7 +112,71 @@ _ROLLBACK = "rollback_request"
 _ROLLBACK_DONE = "rollback_done"
 
 
-class RunStore:
+class RunState:
+    """The run's state, a flat map of JSON values, read and written only through the typed methods here (what the
+    driver has logged, the alarm's orders and memory). `RunStore` keeps it in Redis; a replay of the alarm over
+    recorded runs keeps it in a dict (bench/alarm_replay.py)."""
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def set_state(self, **values: Any) -> None:
+        raise NotImplementedError
+
+    def begin(self, run_id: str, steps: int) -> None:
+        """A new run's state: nothing logged yet."""
+        self.set_state(run_id=run_id, steps=steps, logged_through=-1)
+
+    def logged(self) -> Logged:
+        state = self.state()
+        return Logged(int(state.get("logged_through", -1)), state.get("policy_version"), state.get("reward_version"),
+                      state.get("data_epoch"), state.get("data_offset"))
+
+    def set_logged(self, logged: Logged) -> None:
+        self.set_state(logged_through=logged.through, policy_version=logged.policy_version,
+                       reward_version=logged.reward_version, data_epoch=logged.data_epoch,
+                       data_offset=logged.data_offset)
+
+    def alarm_orders(self) -> AlarmOrders:
+        """The alarm's orders to the stages, as its watch last wrote them (none before it acted)."""
+        state = self.state()
+        request = state.get(_ROLLBACK)
+        return AlarmOrders(tuple(state.get(_ALARM_ACTIVE, [])),
+                           RollbackRequest(request["raise"], request["at_most_version"]) if request else None,
+                           int(state.get(_ROLLBACK_DONE, 0)))
+
+    def rollback_taken(self, request: RollbackRequest) -> None:
+        """policy_update took `request`: no later step takes it again."""
+        self.set_state(**{_ROLLBACK_DONE: request.raise_number})
+
+    def alarm_memory(self) -> AlarmMemory:
+        state = self.state()
+        acting = state.get(_ALARM_ACTING, {})
+        return AlarmMemory(state.get(_ALARM), bool(state.get(_ALARM_LATCHED)), int(acting.get("raises", 0)),
+                           int(acting.get("raised_step", 0)), acting.get("onset") or None, int(acting.get("level", 0)),
+                           int(acting.get("rolled_back", 0)))
+
+    def set_alarm(self, memory: AlarmMemory, in_force: list[str] | None = None,
+                  rollback: RollbackRequest | None = None) -> None:
+        """One step's alarm, in one write: its memory, and in act mode the actions in force (`in_force`) and a new
+        rollback request."""
+        state: dict[str, Any] = {_ALARM: memory.detector, _ALARM_ACTING: {
+            "raises": memory.raises, "raised_step": memory.raised_step, "onset": memory.onset or {},
+            "level": memory.level, "rolled_back": memory.rolled_back}}
+        if memory.latched:
+            state[_ALARM_LATCHED] = True
+        if in_force is not None:
+            state[_ALARM_ACTIVE] = in_force
+        if rollback is not None:
+            state[_ROLLBACK] = {"raise": rollback.raise_number, "at_most_version": rollback.at_most_version}
+        self.set_state(**state)
+
+    def error(self) -> str | None:
+        """The failure that stopped the run (fail_run), or None."""
+        return self.state().get("error")
+
+
+class RunStore(RunState):
     def __init__(self, client: redis.Redis, prefix: str, run_id: str):
         self.redis = client
         self.base = f"{prefix}:{run_id}"
@@ -213,58 +277,6 @@ class RunStore:
 
     def state(self) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self.redis.hgetall(self.key("state")).items()}
-
-    def begin(self, run_id: str, steps: int) -> None:
-        """A new run's state: nothing logged yet."""
-        self.set_state(run_id=run_id, steps=steps, logged_through=-1)
-
-    def logged(self) -> Logged:
-        state = self.state()
-        return Logged(int(state.get("logged_through", -1)), state.get("policy_version"), state.get("reward_version"),
-                      state.get("data_epoch"), state.get("data_offset"))
-
-    def set_logged(self, logged: Logged) -> None:
-        self.set_state(logged_through=logged.through, policy_version=logged.policy_version,
-                       reward_version=logged.reward_version, data_epoch=logged.data_epoch,
-                       data_offset=logged.data_offset)
-
-    def alarm_orders(self) -> AlarmOrders:
-        """The alarm's orders to the stages, as its watch last wrote them (none before it acted)."""
-        state = self.state()
-        request = state.get(_ROLLBACK)
-        return AlarmOrders(tuple(state.get(_ALARM_ACTIVE, [])),
-                           RollbackRequest(request["raise"], request["at_most_version"]) if request else None,
-                           int(state.get(_ROLLBACK_DONE, 0)))
-
-    def rollback_taken(self, request: RollbackRequest) -> None:
-        """policy_update took `request`: no later step takes it again."""
-        self.set_state(**{_ROLLBACK_DONE: request.raise_number})
-
-    def alarm_memory(self) -> AlarmMemory:
-        state = self.state()
-        acting = state.get(_ALARM_ACTING, {})
-        return AlarmMemory(state.get(_ALARM), bool(state.get(_ALARM_LATCHED)), int(acting.get("raises", 0)),
-                           int(acting.get("raised_step", 0)), acting.get("onset") or None, int(acting.get("level", 0)),
-                           int(acting.get("rolled_back", 0)))
-
-    def set_alarm(self, memory: AlarmMemory, in_force: list[str] | None = None,
-                  rollback: RollbackRequest | None = None) -> None:
-        """One step's alarm, in one write: its memory, and in act mode the actions in force (`in_force`) and a new
-        rollback request."""
-        state: dict[str, Any] = {_ALARM: memory.detector, _ALARM_ACTING: {
-            "raises": memory.raises, "raised_step": memory.raised_step, "onset": memory.onset or {},
-            "level": memory.level, "rolled_back": memory.rolled_back}}
-        if memory.latched:
-            state[_ALARM_LATCHED] = True
-        if in_force is not None:
-            state[_ALARM_ACTIVE] = in_force
-        if rollback is not None:
-            state[_ROLLBACK] = {"raise": rollback.raise_number, "at_most_version": rollback.at_most_version}
-        self.set_state(**state)
-
-    def error(self) -> str | None:
-        """The failure that stopped the run (fail_run), or None."""
-        return self.state().get("error")
 
     def fail_run(self, message: str) -> None:
         """Mark the run failed; the driver stops with `message`. The first failure wins: later ones are its echoes."""
