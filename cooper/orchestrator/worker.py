@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import traceback
+from typing import Any
 
 import redis
 
@@ -58,9 +59,7 @@ class StageWorker:
                 self.store.fail_run(f"job {job_id} failed{times}: {detail}")
             self.store.ack(message_id)
             return
-        record = to_json(result)
-        record["seconds"] = time.perf_counter() - start
-        self.store.finish(job_id, record)
+        record_result(self.store, job_id, result, time.perf_counter() - start)
         self.enqueue_unblocked(job)
         self.store.ack(message_id)
 
@@ -102,11 +101,18 @@ def run_step_inline(ctx: StageContext, graph: StepGraph, step: int) -> dict[str,
                                "not done; run those steps first")
         for job in ready:
             start = time.perf_counter()
-            record = to_json(STAGES[job.stage](ctx, job.step))
-            record["seconds"] = seconds[job.stage] = time.perf_counter() - start
-            ctx.store.finish(job.id, record)
+            result = STAGES[job.stage](ctx, job.step)
+            seconds[job.stage] = time.perf_counter() - start
+            record_result(ctx.store, job.id, result, seconds[job.stage])
             pending.remove(job)
     return seconds
+
+
+def record_result(store: RunStore, job_id: str, result: Any, seconds: float) -> None:
+    """A stage's result as the store keeps it: its JSON, with the job's wall time."""
+    record = to_json(result)
+    record["seconds"] = seconds
+    store.finish(job_id, record)
 
 
 def worker_name(index: int) -> str:

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 
 from cooper.config import ConfigError, GeneratorConfig
 from cooper.services.generator.messages import NegativeItem, NegativeResult
-from cooper.services.generator.negatives import NegativeTask, RuleStrategy, make_negatives
+from cooper.services.generator.negatives import RULE_STRATEGIES, NegativeTask, RuleStrategy, make_negatives
 from cooper.services.verifier.inprocess import InProcessVerifier
 from cooper.services.verifier.messages import Check
-
-RULE_STRATEGIES = ("perturb", "varied")
 
 
 class InProcessGenerator:

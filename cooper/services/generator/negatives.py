@@ -85,6 +85,10 @@ class Strategy(Protocol):
     async def propose(self, tasks: Sequence[NegativeTask], attempt: int) -> list[Candidate]: ...
 
 
+RULE_STRATEGIES = ("perturb", "varied")
+"""The strategies that need no model (generator.strategy); `llm` needs the assistant."""
+
+
 class RuleStrategy:
     """Rule-based, no model: `perturb` changes the positive's final answer (perturb.py); `varied` writes the kinds
     of wrong solutions an assistant writes (varied.py)."""

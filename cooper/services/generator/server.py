@@ -19,6 +19,7 @@ from cooper.runtime.server import GrpcService
 from cooper.services.generator.assistant import Assistant, AssistantError, build_assistant
 from cooper.services.generator.judge import JudgeTask, judge
 from cooper.services.generator.negatives import (
+    RULE_STRATEGIES,
     LLMStrategy,
     NegativeTask,
     RuleStrategy,
@@ -70,7 +71,7 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         self.verify = verify
 
     async def _strategy(self) -> Strategy:
-        if self.config.strategy in ("perturb", "varied"):
+        if self.config.strategy in RULE_STRATEGIES:
             return RuleStrategy(self.config.strategy)
         return LLMStrategy(await self.assistant.get(), self.config.temperature, self.config.extra_tokens)
 

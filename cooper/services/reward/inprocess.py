@@ -32,10 +32,10 @@ class InProcessReward:
 
     def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Rewards and logits in the order of `items`, all from one model version."""
-        tokens = self.core.rm.encode(items) if items else []
+        if not items:
+            return ScoreResult([], [], self.core.rm.version)
+        tokens = self.core.rm.encode(items)
         with self._model:
-            if not tokens:
-                return ScoreResult([], [], self.core.rm.version)
             scored = self.core.score_tokens(tokens)
         return ScoreResult([logit_to_reward(x, self.config.discrete) for x in scored.logits], list(scored.logits),
                            scored.version, sum(len(t) for t in tokens))
