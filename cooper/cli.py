@@ -386,7 +386,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         place = launched()
         if place is not None and place.rank > 0:  # under torchrun: only global rank 0 serves; this one follows it
-            from cooper.services.policy.ranks import follow
+            from cooper.services.policy.ranks.follower import follow
 
             return follow(place, group_timeout_s=config.policy.distributed.timeout_s)
     if args.service == "reward":

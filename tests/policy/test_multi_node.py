@@ -101,7 +101,7 @@ class TwoNodes:
 
     def last_command(self) -> int:
         """The number of the command node 0's rank last gave the others (it keeps only that one's key in the
-        launcher's store, cooper/services/policy/ranks.py)."""
+        launcher's store, cooper/services/policy/ranks/control.py)."""
         store = self._store()
         present = [n for n in range(1, 200) if store.check([f"cooper/policy/0/cmd/{n}"])]
         assert present, "node 0 sent no command"
@@ -178,7 +178,7 @@ def test_the_launcher_environment_names_the_place_of_each_rank() -> None:
 def test_a_rank_stuck_joining_its_group_exits_for_its_launcher() -> None:
     """`exit_if_stuck` (what bounds a follower's join: a stale store's addresses leave gloo's connect waiting on a
     dead peer, in C++) ends the process with code 1 once the limit passes, and does nothing to a block that ends."""
-    script = ("import time, sys\nfrom cooper.services.policy.ranks import exit_if_stuck\n"
+    script = ("import time, sys\nfrom cooper.services.policy.ranks.control import exit_if_stuck\n"
               "with exit_if_stuck(0.5, 'a quick block'):\n    pass\ntime.sleep(1.0)\n"
               "with exit_if_stuck(0.5, 'a stuck join'):\n    time.sleep(30)\nsys.exit(0)\n")
     started = time.monotonic()

@@ -1,7 +1,7 @@
 """The policy service: rollouts (transformers or vLLM) and the GRPO update.
 
 - `grpo.py`: the loss (pure torch); `trainer.py`: the update loop; `models.py`: loading the reference.
-- `ranks.py`, `sharded.py`, `placement.py`, `errors.py`: the FSDP2 ranks (their processes and collectives, one rank's
+- `ranks/`, `sharded.py`, `placement.py`, `errors.py`: the FSDP2 ranks (their processes and collectives, one rank's
   share of an update, where a process sits in the group, how a rank fails).
 - `engine.py`, `hf_engine.py`, `vllm_engine.py`: the rollout engines; `sampler.py`, `rollout_process.py`: sampling
   from a version behind the trainer's, in a process of its own.

@@ -205,7 +205,7 @@ class PolicyCore:
         """The updater of `self.model` (loaded from `weights_path`), with the optimizer state of `checkpoint` (None:
         a fresh optimizer): a trainer in this process, or with world_size > 1 the ranks, which hold the sharded
         weights, optimizer and reference and load their shards of `checkpoint` themselves; `self.model` stays rank
-        0's full copy, which the engine samples from and checkpoints save (ranks.py)."""
+        0's full copy, which the engine samples from and checkpoints save (ranks/group.py)."""
         if self.world_size == 1:
             trainer = GRPOTrainer.from_config(self.model, self.reference, self.cfg, self.tokenizer.pad_token_id,
                                               self.autocast)
@@ -213,7 +213,8 @@ class PolicyCore:
                 trainer.load_optimizer_state(read_optimizer_state(checkpoint))
             return trainer
         # Imported here only: FSDP's modules take about a second to import, which one rank never needs.
-        from cooper.services.policy.ranks import RankGroup, RankSpec
+        from cooper.services.policy.ranks.control import RankSpec
+        from cooper.services.policy.ranks.group import RankGroup
 
         spec = RankSpec(self.cfg, self.world_size, weights_path, self.initial_path,
                         str(checkpoint) if checkpoint else None, self.tokenizer.pad_token_id)

@@ -1,4 +1,4 @@
-"""The policy service's failures of its training ranks (world_size > 1), raised by `ranks.py`, handled by
+"""The policy service's failures of its training ranks (world_size > 1), raised by `ranks/`, handled by
 `core.py` and answered by `server.py`."""
 
 

@@ -1,7 +1,7 @@
 """Loading the policy's frozen reference (the weights to train load with cooper.runtime.models.load_causal_lm, the
 dtype forward passes run in comes from cooper.runtime.devices.resolve_autocast).
 
-Shared by the service process (`core.py`) and the training ranks it spawns (`ranks.py`), which load the same
+Shared by the service process (`core.py`) and the training ranks it spawns (`ranks/`), which load the same
 models for their shards.
 """
 

@@ -1,5 +1,5 @@
 """Where a policy process sits in a group of training ranks, as a launcher (torchrun) says it; no torch here, so
-that the CLI can ask before it imports anything heavy (cooper/services/policy/ranks.py runs the group)."""
+that the CLI can ask before it imports anything heavy (cooper/services/policy/ranks/ runs the group)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 global token-mean, and the weights and optimizer state gathered into the single-rank formats.
 
 Every rank runs the single-rank loop (`GRPOTrainer.run_update`) on its own share of the batch (`RankBatch`);
-`RankTrainer` only makes its collectives real. `ranks.py` starts the processes and tells them what to run. What
+`RankTrainer` only makes its collectives real. `ranks/` starts the processes and tells them what to run. What
 keeps the update equal to the single-rank one:
 
 - the advantages are computed by rank 0 over the whole rollout (groups may straddle two ranks' shares);
