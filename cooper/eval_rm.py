@@ -3,63 +3,45 @@ the running services when their addresses are configured, else in this process a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
 from typing import Any
 
-from cooper.evaluation.rm_bench import BenchItem, compare_judges, load_bench
+from cooper.evaluation.rm_bench import compare_judges, load_bench
+from cooper.orchestrator.services import Services, in_process_service, service_client
 
 
-def score_with_reward_model(config: Any, items: Sequence[BenchItem]) -> tuple[list[float], int | None]:
-    """(sigmoid scores in item order, the model version or None). Through the running reward service when
-    reward.server.address names one (its current version), else reward.model loaded here the way the service
-    loads it (a tiny name, a hub id or a model directory such as a run's reward checkpoint)."""
-    from cooper.services.reward.items import ScoreItem
+def judges(config: Any, scratch: str) -> Services:
+    """VerifyRM and the verifier as the stages call them: each through its running service when its
+    `server.address` is configured, else built in this process as the service builds it (reward.model: a tiny name,
+    a hub id or a model directory such as a run's reward checkpoint; never a checkpoint under reward.checkpoint_dir,
+    which `scratch`, an empty directory, stands in for)."""
+    reward = config.reward.model_copy(update={"checkpoint_dir": f"{scratch}/reward", "save_on_stop": False})
+    config = config.model_copy(update={"reward": reward})
 
-    score_items = [ScoreItem(i.question, i.reference, i.completion) for i in items]
-    reward = config.reward
-    if reward.server.address:
-        from cooper.services.reward.client import RewardClient
+    def open_judge(name: str) -> Any:
+        address = getattr(config, name).server.address
+        return service_client(config, name, address) if address else in_process_service(config, name, services)
 
-        with RewardClient(reward.server.address, reward.server, config.security) as client:
-            result = client.score(score_items)
-        return list(result.scores), result.version
-    import torch
-
-    from cooper.reward_rule import logit_to_reward
-    from cooper.runtime.models import resolve_model
-    from cooper.services.reward.verify_rm import VerifyRM
-
-    if reward.torch_threads:
-        torch.set_num_threads(reward.torch_threads)
-    rm = VerifyRM.load(resolve_model(reward.model, "reward"), reward.optim, reward.max_length, reward.device,
-                       reward.dtype)
-    logits = rm.logits(rm.encode(score_items), reward.batching.max_batch_size, reward.batching.max_tokens)
-    return [logit_to_reward(x) for x in logits], None
-
-
-def verify_with_rules(config: Any, items: Sequence[BenchItem]) -> list[str]:
-    """Verdict names in item order: through the running verifier service when verifier.server.address names one,
-    else math-verify in worker processes started here (the service's own pool, same time limits)."""
-    pairs = [(i.completion, i.reference) for i in items]
-    verifier = config.verifier
-    if verifier.server.address:
-        from cooper.services.verifier.client import Verdict, VerifierClient
-
-        with VerifierClient(verifier.server.address, verifier.server, config.security) as client:
-            return [Verdict.Name(r.verdict) for r in client.verify_pairs(pairs)]
-    from cooper.services.verifier.pool import VerifierPool
-
-    pool = VerifierPool(verifier.workers, verifier.timeout_s, verifier.chunk_size, verifier.max_chars)
-    try:
-        return [check.verdict.name for check in pool.check_all(pairs)]
-    finally:
-        pool.close()
+    services = Services(open_judge)
+    return services
 
 
 def run_eval_rm(config: Any, source: str) -> dict[str, Any]:
-    """`cooper eval-rm`: both judges on the benchmark `source` (a file, or `tiny`); the report as a dict."""
+    """`cooper eval-rm`: both judges on the benchmark `source` (a file, or `tiny`); the report as a dict. VerifyRM's
+    scores are probabilities, sigmoid of its logits, whatever reward.discrete says: the report ranks them (AUROC)."""
+    from cooper.reward_rule import logit_to_reward
+    from cooper.services.reward.items import ScoreItem
+    from cooper.services.verifier.messages import Verdict, pair_items
+
     items = load_bench(source)
-    scores, version = score_with_reward_model(config, items)
-    verdicts = verify_with_rules(config, items)
+    with tempfile.TemporaryDirectory() as scratch:
+        services = judges(config, scratch)
+        try:
+            scored = services.reward.score([ScoreItem(i.question, i.reference, i.completion) for i in items])
+            verdicts = services.verifier.verify(pair_items([(i.completion, i.reference) for i in items]))
+        finally:
+            services.close()
+    version = scored.version if config.reward.server.address else None
     return {"input": source, "reward_model": config.reward.model, "reward_version": version,
-            **compare_judges(items, scores, verdicts)}
+            **compare_judges(items, [logit_to_reward(x) for x in scored.logits],
+                             [Verdict(v.verdict).name for v in verdicts])}

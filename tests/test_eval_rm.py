@@ -149,3 +149,34 @@ def test_missing_or_empty_benchmark_is_a_clear_error(tmp_path: Path, capsys: pyt
     (tmp_path / "empty.jsonl").write_text("\n")
     assert main(["eval-rm", str(tmp_path / "empty.jsonl")]) == 2
     assert "empty.jsonl: no items in the file" in capsys.readouterr().err
+
+
+def test_eval_rm_through_running_services_reports_what_it_reports_in_process(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], verifier_address: str) -> None:
+    # The running reward service pays the discrete reward (0 or 1): the report must rank VerifyRM's probabilities
+    # all the same, and the verifier service must judge as the in-process pool does (an answer outside a box is no
+    # answer under verifier.answer=boxed, on both paths).
+    from cooper.runtime.processes import start_service
+
+    bench = tmp_path / "verifybench.jsonl"
+    _write_rows(bench)
+    judged = ["reward.model=tiny", "reward.discrete=true", "verifier.answer=boxed"]
+    assert main(["eval-rm", str(bench), *judged, "reward.device=cpu", "reward.torch_threads=1",
+                 "verifier.workers=1"]) == 0
+    here = _last_json(capsys.readouterr().out)
+    reward = start_service("reward", overrides=[*judged, "reward.device=cpu", "reward.torch_threads=1",
+                                                "reward.http.enabled=false", "reward.server.metrics_port=null",
+                                                f"reward.checkpoint_dir={tmp_path / 'ckpt'}"])
+    try:
+        assert main(["eval-rm", str(bench), *judged, f"reward.server.address={reward.address}",
+                     f"verifier.server.address={verifier_address}"]) == 0
+    finally:
+        reward.stop()
+    remote = _last_json(capsys.readouterr().out)
+    assert remote["reward_version"] == 0 and here["reward_version"] is None
+    assert remote["verifyrm"] == here["verifyrm"] and remote["verifier"] == here["verifier"]
+    # Ranked by probabilities: the service's 0/1 rewards (the tiny RM accepts none of these six) would tie every
+    # item, an AUROC of exactly 0.5, where the probabilities rank them.
+    assert here["verifyrm"]["says_correct"] == 0.0 and here["verifyrm"]["auroc"] != 0.5
+    # "Half of it: \boxed{0.5}" is right; "The total is twelve." has no box: NO_ANSWER under boxed as before.
+    assert here["verifier"]["verdicts"]["NO_ANSWER"] == 1

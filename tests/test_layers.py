@@ -68,13 +68,14 @@ def test_the_layers_hold() -> None:
                     and target.rsplit(".", 1)[-1] in ("client", "inprocess", "messages")):
                 broken.append(f"{module} imports {target}: services do not import each other (the generator "
                               "calls the verifier through its client, or its in-process face)")
-            if under(module, "cooper.orchestrator"):
-                if under(target, "cooper.launcher", "cooper.experiments", "cooper.cli"):
-                    broken.append(f"{module} imports {target}: the run engine never imports what launches or "
-                                  "studies runs")
-                if other and target.rsplit(".", 1)[-1] not in SERVICE_SURFACE:
-                    broken.append(f"{module} imports {target}: the engine reaches a service through its client or "
-                                  "its in-process face")
+            if under(module, "cooper.orchestrator") and under(target, "cooper.launcher", "cooper.experiments",
+                                                              "cooper.cli"):
+                broken.append(f"{module} imports {target}: the run engine never imports what launches or studies "
+                              "runs")
+            if (under(module, "cooper.orchestrator", "cooper.experiments", "cooper.eval_rm") and other
+                    and target.rsplit(".", 1)[-1] not in SERVICE_SURFACE):
+                broken.append(f"{module} imports {target}: the engine and what studies runs reach a service through "
+                              "its client or its in-process face")
             if under(module, "cooper.launcher") and under(target, "cooper.experiments", "cooper.cli"):
                 broken.append(f"{module} imports {target}: the launcher never imports the experiment tooling")
             if under(module, "cooper.evaluation") and not under(target, *PLAIN_EVALUATION):

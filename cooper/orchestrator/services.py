@@ -96,6 +96,18 @@ class Services:
             service.close()
 
 
+def service_client(config: CooperConfig, name: str, address: str) -> Any:
+    """The gRPC client of the `name` service at `address`."""
+    from cooper.services.generator.client import GeneratorClient
+    from cooper.services.policy.client import PolicyClient
+    from cooper.services.reward.client import RewardClient
+    from cooper.services.verifier.client import VerifierClient
+
+    client = {"policy": PolicyClient, "reward": RewardClient, "verifier": VerifierClient,
+              "generator": GeneratorClient}[name]
+    return client(address, getattr(config, name).server, config.security)
+
+
 class RemoteServices(Services):
     """The gRPC clients of the services at `addresses` (by service name)."""
 
@@ -103,18 +115,31 @@ class RemoteServices(Services):
         self.addresses = addresses
 
         def open_client(name: str) -> Any:
-            from cooper.services.generator.client import GeneratorClient
-            from cooper.services.policy.client import PolicyClient
-            from cooper.services.reward.client import RewardClient
-            from cooper.services.verifier.client import VerifierClient
-
             if name not in addresses:
                 raise RuntimeError(f"stage needs the {name} service, but no address is configured for it")
-            client = {"policy": PolicyClient, "reward": RewardClient, "verifier": VerifierClient,
-                      "generator": GeneratorClient}[name]
-            return client(addresses[name], getattr(config, name).server, config.security)
+            return service_client(config, name, addresses[name])
 
         super().__init__(open_client)
+
+
+def in_process_service(config: CooperConfig, name: str, services: Services) -> Any:
+    """The `name` service's core built in this process from `config` (the generator checks its negatives with
+    `services.verifier`)."""
+    if name == "policy":
+        from cooper.services.policy.inprocess import InProcessPolicy
+
+        return InProcessPolicy(config.policy, config.run.max_staleness)
+    if name == "reward":
+        from cooper.services.reward.inprocess import InProcessReward
+
+        return InProcessReward(config.reward)
+    if name == "verifier":
+        from cooper.services.verifier.inprocess import InProcessVerifier
+
+        return InProcessVerifier(config.verifier)
+    from cooper.services.generator.inprocess import InProcessGenerator
+
+    return InProcessGenerator(config.generator, services.verifier)
 
 
 class InProcessServices(Services):
@@ -122,21 +147,4 @@ class InProcessServices(Services):
     imports of torch and math-verify wait until then)."""
 
     def __init__(self, config: CooperConfig):
-        def build(name: str) -> Any:
-            if name == "policy":
-                from cooper.services.policy.inprocess import InProcessPolicy
-
-                return InProcessPolicy(config.policy, config.run.max_staleness)
-            if name == "reward":
-                from cooper.services.reward.inprocess import InProcessReward
-
-                return InProcessReward(config.reward)
-            if name == "verifier":
-                from cooper.services.verifier.inprocess import InProcessVerifier
-
-                return InProcessVerifier(config.verifier)
-            from cooper.services.generator.inprocess import InProcessGenerator
-
-            return InProcessGenerator(config.generator, self._get("verifier"))
-
-        super().__init__(build)
+        super().__init__(lambda name: in_process_service(config, name, self))
