@@ -662,8 +662,19 @@ class RunConfig(StrictModel):
     trainer's current weights and weights each token by min(pi_old / pi_sampled, policy.grpo.rollout_is_cap), the
     sampled log-probs being the ones Generate returned: truncated importance sampling (verl's TIS; AReaL's decoupled
     objective drops the tokens over the cap instead); the cap is 2.0 when unset. The policy refuses a Train whose
-    rollout is more than k versions behind its trainer, or behind it without log-probs. Each step still scores with VerifyRM v_t (the reward side keeps its order). docs/training.md, "Rollouts ahead
-    of training"."""
+    rollout is more than k versions behind its trainer, or behind it without log-probs. Each step still scores with
+    VerifyRM v_t unless run.reward_max_staleness says otherwise. docs/training.md, "Rollouts ahead of training"."""
+    reward_max_staleness: int = Field(default=0, ge=0)
+    """Cooper mode: how many updates behind VerifyRM's trainer a step's scores may be. 0 (the paper's order):
+    score(t) waits for reward_update(t-1) and reads v_t. k > 0: score(t) reads exactly v_{max(0, t-k)}, and
+    reward_update(t) waits for score(t+k), so VerifyRM's update runs beside the policy's update and the next
+    rollout instead of before them (the stages refuse a score from any other version; the run stays deterministic).
+    The run's state, not the reward service's: the service only ever holds its newest version. docs/training.md,
+    "The reward update beside the policy's"."""
+
+
+ALARM_REACTION_STEPS = 2
+"""In act mode, how many steps the stages that take the alarm's actions may run ahead of the driver's log."""
 
 
 class AlarmConfig(StrictModel):
@@ -769,6 +780,16 @@ class CooperConfig(StrictModel):
         if self.alarm.mode == "act" and "rollback" in self.alarm.actions:
             raise ValueError("alarm.actions=rollback needs run.max_staleness=0: a rollback restores the weights the "
                              "step's rollout was sampled from, which ahead-of-training rollouts are not")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_updates_behind_reach_the_alarm(self) -> CooperConfig:
+        """In act mode each action reaches the stages two steps after a raise, and reward_update(t) waits for the
+        driver to log step t-2; a reward update further behind than that would wait for a step that waits for it."""
+        behind = self.run.reward_max_staleness
+        if self.alarm.mode == "act" and behind > ALARM_REACTION_STEPS:
+            raise ValueError(f"run.reward_max_staleness={behind} with alarm.mode=act: at most {ALARM_REACTION_STEPS} "
+                             "(the alarm's actions reach the stages that many steps after a raise)")
         return self
 
     @model_validator(mode="after")

@@ -138,6 +138,9 @@ def steps_in_process(config: CooperConfig, steps: int = 1) -> list[dict[str, Any
     from cooper.orchestrator.stages import StageContext
     from cooper.orchestrator.worker import run_step_inline
 
+    if config.run.reward_max_staleness and reward_mode(config.run.mode).reward_model_learns:
+        raise ValueError("steps_in_process runs one step after another; with run.reward_max_staleness > 0 a step's "
+                         "reward update waits for a later step's scores: run it with `cooper train`")
     with tempfile.TemporaryDirectory(prefix="cooper-steps-") as scratch:
         config = with_overrides(config, [f"policy.checkpoint_dir={scratch}/policy",
                                          f"reward.checkpoint_dir={scratch}/reward", "redis.url=null"])

@@ -18,7 +18,13 @@ for evaluate(t-1) when due, so evaluation sees its version while the trainer sta
     rollout(t) ── score(t) ── policy_update(t) ── policy_update(t+1)
                                              └─── rollout(t+k+1)
 
-The reward side keeps its order: score(t) still waits for reward_update(t-1) in cooper mode.
+Reward updates behind their scores (`reward_staleness` k > 0, run.reward_max_staleness; cooper mode): score(t)
+waits for reward_update(t-k-1) instead of reward_update(t-1), and reward_update(t) waits for score(t+k) (and for
+reward_update(t-1), which keeps the updates in order). So score(t) always reads exactly v_{max(0, t-k)}, a run is
+as deterministic as with k = 0, and reward_update(t) runs while policy_update(t+k) and rollout(t+k+1) do. With k = 1:
+
+    rollout(t+1) ── score(t+1) ── policy_update(t+1) ── rollout(t+2) ── score(t+2)
+                             └─ reward_update(t) ──────────────────────┘
 """
 
 from __future__ import annotations
@@ -49,16 +55,19 @@ class Job:
 
 class StepGraph:
     def __init__(self, mode: str, steps: int, eval_every: int, verify_before_update: bool = False,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, reward_staleness: int = 0):
         """`verify_before_update`: policy_update(t) waits for verify(t) too, so that it can train on the verifier's
         reward instead of the reward model's (the reward-hacking alarm's act mode). `max_staleness`: how many
-        versions behind the trainer a rollout may sample (see above)."""
+        versions behind the trainer a rollout may sample; `reward_staleness`: how many updates behind VerifyRM's
+        trainer a score may be (see above)."""
         self.reward = reward_mode(mode)
-        if max_staleness < 0:
-            raise ValueError(f"max_staleness must be at least 0 (got {max_staleness})")
+        for name, value in (("max_staleness", max_staleness), ("reward_staleness", reward_staleness)):
+            if value < 0:
+                raise ValueError(f"{name} must be at least 0 (got {value})")
         self.mode, self.steps, self.eval_every = mode, steps, eval_every
         self.verify_before_update = verify_before_update
         self.max_staleness = max_staleness
+        self.reward_staleness = reward_staleness if self.reward.reward_model_learns else 0
 
     def evaluates_after(self, step: int) -> bool:
         """Evaluation follows step `step` every eval_every steps and after the last step, and "step -1" is the
@@ -106,8 +115,9 @@ class StepGraph:
             if not self.reward.reward_model_scores:  # the verifier's verdicts are the reward
                 return [Job(t, VERIFY)]
             deps = [Job(t, ROLLOUT)]
-            if self.reward.reward_model_learns and t > 0:
-                deps.append(Job(t - 1, REWARD_UPDATE))  # score(t) uses v_t, the model after reward_update(t-1)
+            source = t - self.reward_staleness - 1  # score(t) reads the model reward_update(source) made
+            if self.reward.reward_model_learns and source >= 0:
+                deps.append(Job(source, REWARD_UPDATE))
             return deps
         if stage == POLICY_UPDATE:
             deps = [Job(t, SCORE)]
@@ -123,16 +133,22 @@ class StepGraph:
         if stage == NEGATIVES:
             return [Job(t, VERIFY)]
         if stage == REWARD_UPDATE:
-            return [Job(t, NEGATIVES), Job(t, SCORE)]  # never train v_t before score(t) has used it
+            # Never train v_{t+1} before the last score that reads v_t has read it: score(t + k).
+            deps = [Job(t, NEGATIVES), Job(min(t + self.reward_staleness, self.steps - 1), SCORE)]
+            if self.reward_staleness and t > 0:  # scores no longer order the updates: they wait for each other
+                deps.append(Job(t - 1, REWARD_UPDATE))
+            return deps
         if stage == EVALUATE:
             return [] if t == -1 else [Job(t, POLICY_UPDATE)]
         raise ValueError(f"unknown stage {stage!r}")
 
     def dependents(self, job: Job) -> list[Job]:
-        """Jobs that wait for `job` (in this step and the next, and with rollouts ahead up to max_staleness + 1
-        steps later)."""
-        later = range(job.step, min(job.step + self.max_staleness + 2, self.steps))
-        candidates = [c for step in later for c in self.jobs(step)]
+        """Jobs that wait for `job`: in this step and the next; with rollouts ahead, up to max_staleness + 1 steps
+        later; with reward updates behind, reward_staleness + 1 steps later and the reward update reward_staleness
+        steps earlier (which waits for this step's score)."""
+        first = max(job.step - self.reward_staleness, 0)
+        near = range(first, min(job.step + max(self.max_staleness, self.reward_staleness) + 2, self.steps))
+        candidates = [c for step in near for c in self.jobs(step)]
         return [c for c in candidates if job in self.dependencies(c)]
 
     def roots(self) -> list[Job]:

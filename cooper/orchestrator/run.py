@@ -180,7 +180,8 @@ class Orchestrator:
         rows, tests = load_data(config)
         self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every,
                                verify_before_update=config.alarm.mode == "act",
-                               max_staleness=config.run.max_staleness)
+                               max_staleness=config.run.max_staleness,
+                               reward_staleness=config.run.reward_max_staleness)
         self.ctx = StageContext(config, run_id, store, StepData(rows, config.run.batch_size, config.run.seed), tests,
                                 services, rm_benchmark(config))
         self.workers = [StageWorker(self.ctx, self.graph, worker_name(i)) for i in range(workers)]

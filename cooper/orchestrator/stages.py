@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cooper.config import CooperConfig
+from cooper.config import ALARM_REACTION_STEPS, CooperConfig
 from cooper.evaluation.rm_bench import BenchItem, reward_model_report
 from cooper.modes import RewardMode, reward_mode
 from cooper.orchestrator import graph
@@ -238,15 +238,12 @@ def score(ctx: StageContext, step: int) -> ScoreResult:
     items = [ScoreItem(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer, completion=c.text)
              for c in ro.completions]
     result = ctx.reward.score(items)
-    if ctx.mode.reward_model_learns and step > 0:  # score(t) must use v_t, the model reward_update(t-1) made
-        expect_version("reward", result.version,
-                       reward_version_after(ctx, step - 1),
-                       f"score:{step}")
+    # score(t) must use exactly the model reward_update(t-1-k) made, k = run.reward_max_staleness (graph.py); the
+    # first k+1 steps read the run's first version.
+    source = step - 1 - ctx.config.run.reward_max_staleness
+    if ctx.mode.reward_model_learns and source >= 0:
+        expect_version("reward", result.version, reward_version_after(ctx, source), f"score:{step}")
     return ScoreResult(rewards=list(result.scores), logits=list(result.logits), reward_version=result.version)
-
-
-ALARM_REACTION_STEPS = 2
-"""In act mode, how many steps the stages that take the alarm's actions may run ahead of the driver's log."""
 
 
 def await_the_alarm(ctx: StageContext, step: int) -> None:
@@ -360,7 +357,10 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
 def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
     ng, sc = ctx.negatives(step), ctx.scores(step)
     pairs = list(ng.pairs)
-    reward, job, used = ctx.reward, f"reward_update:{step}", sc.reward_version
+    reward, job = ctx.reward, f"reward_update:{step}"
+    # The model this update starts from: the one score(t) read, or with reward updates behind their scores the one
+    # reward_update(t-1) made (graph.py).
+    used = reward_version_after(ctx, step - 1) if ctx.config.run.reward_max_staleness and step > 0 else sc.reward_version
     optimizer_steps = flagged = 0
     await_the_alarm(ctx, step)
     acting = alarm_orders(ctx.config, ctx.store).rm_negatives
@@ -374,7 +374,7 @@ def reward_update(ctx: StageContext, step: int) -> RewardUpdateResult:
         optimizer_steps = ctx.config.reward.update_steps * ctx.config.alarm.rm_update_factor
     expect_before_update("reward", reward.info(), used, idempotency_key(ctx.run_id, step), job)
     r = reward.update(ctx.run_id, step, pairs, optimizer_steps)
-    expect_version("reward", r.version, used + (0 if r.skipped else 1), job)  # v_t -> v_{t+1}: the model that scored
+    expect_version("reward", r.version, used + (0 if r.skipped else 1), job)
     return RewardUpdateResult(loss=r.loss, grad_norm=r.grad_norm, pair_accuracy_before=r.pair_accuracy_before,
                               pair_accuracy_after=r.pair_accuracy_after, reward_version=r.version, skipped=r.skipped,
                               replayed=r.replayed, pairs=len(pairs), flagged_pairs=flagged,

@@ -94,6 +94,41 @@ def test_rollouts_ahead_wait_for_the_update_max_staleness_steps_back():
         StepGraph("rule", 2, 0, max_staleness=-1)
 
 
+def test_reward_updates_behind_read_exactly_the_version_k_updates_back():
+    graph = StepGraph("cooper", steps=5, eval_every=0, reward_staleness=1)
+    deps = {j.id: {d.id for d in graph.dependencies(j)} for t in range(5) for j in graph.jobs(t)}
+    assert deps["score:1"] == {"rollout:1"}  # steps 0 and 1 read the run's first version
+    assert deps["score:2"] == {"rollout:2", "reward_update:0"} and deps["score:4"] == {"rollout:4", "reward_update:2"}
+    # reward_update(t) waits for score(t+1), the last score that reads v_t, and for the update before it.
+    assert deps["reward_update:0"] == {"negatives:0", "score:1"}
+    assert deps["reward_update:2"] == {"negatives:2", "score:3", "reward_update:1"}
+    assert deps["reward_update:4"] == {"negatives:4", "score:4", "reward_update:3"}  # the last step has no later score
+    # What a worker wakes when a job ends: the update one step back waits for this step's score.
+    assert {j.id for j in graph.dependents(Job(3, g.SCORE))} == {"policy_update:3", "reward_update:2"}
+    assert {j.id for j in graph.dependents(Job(1, g.REWARD_UPDATE))} == {"reward_update:2", "score:3"}
+    # Nothing waits in a cycle: the jobs run in some order, each after what it waits for.
+    done: set[str] = set()
+    pending = [j for t in range(5) for j in graph.jobs(t)]
+    while pending:
+        ready = [j for j in pending if deps[j.id] <= done]
+        assert ready, f"{[j.id for j in pending]} wait for each other"
+        done |= {j.id for j in ready}
+        pending = [j for j in pending if j.id not in done]
+    # k = 0 is the paper's order, and modes whose reward model does not learn have no reward update to run behind.
+    assert {d.id for d in StepGraph("cooper", 5, 0, reward_staleness=0).dependencies(Job(2, g.SCORE))} == {
+        "rollout:2", "reward_update:1"}
+    assert StepGraph("static", 5, 0, reward_staleness=1).reward_staleness == 0
+    with pytest.raises(ValueError, match="reward_staleness"):
+        StepGraph("cooper", 2, 0, reward_staleness=-1)
+
+
+def test_reward_updates_behind_stay_within_the_alarms_reach():
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+    assert load_config(tiny, ["run.reward_max_staleness=2", "alarm.mode=act"], environ={}).run.reward_max_staleness == 2
+    with pytest.raises(ValueError, match="run.reward_max_staleness=3 with alarm.mode=act: at most 2"):
+        load_config(tiny, ["run.reward_max_staleness=3", "alarm.mode=act"], environ={})
+
+
 def test_steps_are_seeded_epochs_without_repeats():
     rows, _ = tiny_splits(seed=3, train_size=10)
     data = StepData(rows, batch_size=4, seed=3)

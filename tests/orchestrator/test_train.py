@@ -55,10 +55,14 @@ def _leftovers(run_dir: Path) -> list[str]:
     return found
 
 
-def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("reward_behind", [0, 1])
+def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path, reward_behind):
+    """Also with VerifyRM's update one step behind its scores (run.reward_max_staleness=1): the resumed run is the
+    run that was never killed, metric for metric."""
     steps = 5
-    cmd = [sys.executable, "-m", "cooper.cli", "train", "--no-progress", f"run.steps={steps}", "run.name=resumed",
-           f"run.output_dir={tmp_path}", "run.checkpoint_every=2", *BASE]
+    settings = [f"run.steps={steps}", "run.checkpoint_every=2", f"run.reward_max_staleness={reward_behind}", *BASE]
+    cmd = [sys.executable, "-m", "cooper.cli", "train", "--no-progress", "run.name=resumed",
+           f"run.output_dir={tmp_path}", *settings]
     run_dir = tmp_path / "resumed"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 400
@@ -83,7 +87,8 @@ def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path):
     # Each Train and Update was applied exactly once, across the crash: versions rise by one per step.
     assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
     assert all(r["pairs"] > 0 for r in records)
-    assert [r["reward_version_used"] for r in records] == list(range(steps))
+    # score(t) read v_{t-k} exactly; each update still made one version.
+    assert [r["reward_version_used"] for r in records] == [max(0, t - reward_behind) for t in range(steps)]
     assert [r["reward_version"] for r in records] == list(range(1, steps + 1))
     assert all(f"test/{name}" in records[i] for name in ("heldout", "seen") for i in (3, 4))
     for key in ("rm_verifier_disagreement", "pair_accuracy_before", "pair_accuracy_after", "valid_pair_rate",
@@ -96,6 +101,13 @@ def test_cooper_run_killed_mid_way_resumes_exactly(tmp_path):
     assert json.loads((run_dir / "checkpoint.json").read_text())["step"] == steps - 1
     assert "verifier acc" in resumed.stdout and "run directory" in resumed.stdout
     assert not _leftovers(run_dir)
+    if reward_behind:
+        whole = _cooper("train", "--no-progress", "--in-process", "run.name=whole", f"run.output_dir={tmp_path}",
+                        *settings)
+        assert whole.returncode == 0, whole.stderr[-3000:]
+        untimed = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+        assert untimed == [{k: v for k, v in r.items() if not k.startswith("time/")}
+                           for r in read_metrics(tmp_path / "whole")]
 
 
 def test_static_mode_never_updates_the_reward_model(tmp_path):
