@@ -96,6 +96,9 @@ RM_BENCH_INITIAL_NEGATIVES = "rm_bench_initial/negatives"
 """How many wrong items RM_BENCH_INITIAL_FALSE_POSITIVE_RATE is a share of."""
 TIME = "time/"
 """Prefix of a stage's seconds for the step (`time/rollout`), a worker's wall time for the job."""
+ELAPSED = TIME + "elapsed"
+"""Seconds from the start of stepping (of this process: a resumed run starts again from 0) to the step being logged:
+the wall-clock axis of a learning curve (time to an accuracy, bench/rollouts_ahead.py)."""
 
 # ----- the reward-hacking alarm -------------------------------------------------------------------------------------
 

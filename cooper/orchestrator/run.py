@@ -26,6 +26,7 @@ from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.metric_names import (
     ALARM_RM_NEGATIVES,
     ALARM_ROLLED_BACK_TO,
+    ELAPSED,
     KL_FROM_INITIAL,
     MODE,
     PAIR_ACCURACY_AFTER,
@@ -245,7 +246,7 @@ class Orchestrator:
         threads = [threading.Thread(target=w.loop, name=w.name, daemon=True) for w in self.workers]
         for thread in threads:
             thread.start()
-        metrics, records = MetricsLog(self.run_dir), []
+        metrics, records, started = MetricsLog(self.run_dir), [], time.monotonic()
         bar = tqdm(total=steps, initial=next_step, disable=not progress, unit="step", dynamic_ncols=True,
                    desc=f"{self.config.run.mode} {self.run_id}")
         last_test: dict[str, float] = {}
@@ -259,6 +260,7 @@ class Orchestrator:
                     time.sleep(0.02)
                     continue
                 record = step_record(self.ctx, self.graph, next_step)
+                record[ELAPSED] = round(time.monotonic() - started, 3)
                 if watch:
                     record.update(watch.observe(record))
                 metrics.write(record)
