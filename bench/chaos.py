@@ -32,6 +32,7 @@ JSON object: {"seeds", "recipes", "kills", "kills_survived", "kills_not_landed",
     python bench/chaos.py                      # 40 steps, 6 kills (+2), seeds 0,1,2, both recipes
     python bench/chaos.py --seeds 0 --steps 12 --kills 6 --recipes generator
     python bench/chaos.py --max-staleness 1    # rollouts one step ahead of training (run.max_staleness)
+    python bench/chaos.py --max-staleness 1 --reward-max-staleness 1   # and VerifyRM's update beside the policy's
 """
 
 from __future__ import annotations
@@ -80,16 +81,17 @@ def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dic
     try:
         print(f"{recipe} seed {seed}: uninterrupted run of {args.steps} steps", flush=True)
         reference, calm_s = uninterrupted(tmp, seed, args.steps, recipe, args.eval_every, args.stuck_after,
-                                          args.max_staleness)
+                                          args.max_staleness, args.reward_max_staleness)
         print(f"{recipe} seed {seed}: {calm_s:.0f} s; now with kills " + ", ".join(k.describe() for k in kills),
               flush=True)
         chaos = run_with_kills(tmp, seed, args.steps, kills, say=lambda m: print(f"{recipe} {m}", flush=True),
                                recipe=recipe, eval_every=args.eval_every, stuck_s=args.stuck_after,
-                               max_staleness=args.max_staleness, step_s=calm_s / args.steps)
+                               max_staleness=args.max_staleness, step_s=calm_s / args.steps,
+                               reward_max_staleness=args.reward_max_staleness)
         check(chaos, tmp / f"chaos-{seed}", reference)
     except AssertionError as err:  # a run got stuck or died: an invariant failed; the whole report goes to stderr
         print(f"{recipe} seed {seed}: aborted: {err}", file=sys.stderr, flush=True)
-        chaos = ChaosRun(seed, args.steps, kills, recipe, args.max_staleness,
+        chaos = ChaosRun(seed, args.steps, kills, recipe, args.max_staleness, args.reward_max_staleness,
                          violations=[f"aborted: {str(err)[:3000]}"])
     landed = chaos.landed
     return {
@@ -121,6 +123,9 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10; 0: never)")
     parser.add_argument("--max-staleness", type=int, default=0, metavar="K",
                         help="run.max_staleness of every run (default 0: synchronous; 1: rollouts one step ahead)")
+    parser.add_argument("--reward-max-staleness", type=int, default=0, metavar="K",
+                        help="run.reward_max_staleness of every run (default 0: VerifyRM's update before the next "
+                             "score; 1: beside the policy's update)")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (default: a temp directory)")
     parser.add_argument("--stuck-after", type=float, default=STUCK_S, metavar="S",
                         help=f"a run that logs no step for S seconds is stuck: it is stopped and the error shows "
@@ -142,6 +147,7 @@ def main() -> int:
                 print(json.dumps(runs[-1]), flush=True)
     summary = {
         "seeds": args.seeds, "recipes": args.recipes, "steps": args.steps, "max_staleness": args.max_staleness,
+        "reward_max_staleness": args.reward_max_staleness,
         "kills": sum(r["kills"] for r in runs),
         "kills_survived": sum(r["kills_survived"] for r in runs),
         "kills_not_landed": sum(len(r["kills_not_landed"]) for r in runs),

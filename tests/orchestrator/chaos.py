@@ -97,6 +97,7 @@ class ChaosRun:
     kills: list[Kill]
     recipe: str = "rollouts"
     max_staleness: int = 0
+    reward_max_staleness: int = 0
     wall_s: float = 0.0
     resumes: int = 0
     steps_redone: list[int] = field(default_factory=list)
@@ -156,19 +157,22 @@ def schedule(seed: int, steps: int, kills: int, targets: tuple[str, ...] | None 
 
 
 def run_args(tmp: Path, name: str, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0,
-             max_staleness: int = 0) -> list[str]:
+             max_staleness: int = 0, reward_max_staleness: int = 0) -> list[str]:
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}: one of {', '.join(RECIPES)}")
     # 64 of the 256 test problems: an evaluation still lasts long enough (about a second) for a kill to land inside.
     return [f"run.steps={steps}", f"run.name={name}", f"run.output_dir={tmp}", f"run.seed={seed}", *FAST,
-            f"eval.every={eval_every}", "eval.max_problems=64", f"run.max_staleness={max_staleness}", *RECIPES[recipe]]
+            f"eval.every={eval_every}", "eval.max_problems=64", f"run.max_staleness={max_staleness}",
+            f"run.reward_max_staleness={reward_max_staleness}", *RECIPES[recipe]]
 
 
 def uninterrupted(tmp: Path, seed: int, steps: int, recipe: str = "rollouts", eval_every: int = 0,
-                  stuck_s: float = STUCK_S, max_staleness: int = 0) -> tuple[list[dict[str, Any]], float]:
+                  stuck_s: float = STUCK_S, max_staleness: int = 0, reward_max_staleness: int = 0
+                  ) -> tuple[list[dict[str, Any]], float]:
     """The records and wall time of the same run without kills."""
     start = time.monotonic()
-    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every, max_staleness))
+    train = Train(tmp, *run_args(tmp, f"calm-{seed}", seed, steps, recipe, eval_every, max_staleness,
+                                 reward_max_staleness))
     assert train.wait_while_it_logs(tmp / f"calm-{seed}", stuck_s) == 0, train.stderr[-3000:]
     return read_metrics(tmp / f"calm-{seed}"), time.monotonic() - start
 
@@ -193,7 +197,7 @@ def _pid_of(train: Train, target: str) -> psutil.Process:
 
 def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Callable[[str], None] = print,
                    recipe: str = "rollouts", eval_every: int = 0, stuck_s: float = STUCK_S,
-                   max_staleness: int = 0, step_s: float | None = None) -> ChaosRun:
+                   max_staleness: int = 0, step_s: float | None = None, reward_max_staleness: int = 0) -> ChaosRun:
     """Run `steps` steps of seed `seed`, SIGKILLing each target in `kills` once `after_step` steps are logged plus
     `delay_s` (and, with `during`, once a job of that stage runs); resume whenever the CLI ended. Records what
     happened; checks come after (check).
@@ -202,9 +206,10 @@ def run_with_kills(tmp: Path, seed: int, steps: int, kills: list[Kill], say: Cal
     `after_step`, and on a run whose steps are shorter than the 0-2 s the schedule draws (rule mode, rollouts ahead
     of training) the delays would add up until the last kills came after the run had ended."""
     name = f"chaos-{seed}"
-    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe, max_staleness)
+    run_dir, chaos = tmp / name, ChaosRun(seed, steps, kills, recipe, max_staleness, reward_max_staleness)
     start = time.monotonic()
-    train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every, max_staleness)), []
+    train, trains = Train(tmp, *run_args(tmp, name, seed, steps, recipe, eval_every, max_staleness,
+                                         reward_max_staleness)), []
     trains.append(train)
     for kill in kills:
         train.wait_for_steps(run_dir, kill.after_step, timeout_s=stuck_s)
@@ -357,20 +362,22 @@ def _confirm_generator_kills(kills: list[Kill], records: list[dict[str, Any]]) -
                 kill.inside = None
 
 
-def reward_versions_problems(lines: list[dict[str, Any]]) -> list[str]:
-    """Every reward update applied at most once, and scoring on the version the last one left: step t is scored by
-    v_t, the version step t-1's update left (v_0 = 0), and its update gives v_t + 1, or v_t when it was skipped,
-    which an update with pairs never is (one without pairs is skipped, unless replayed pairs make it one)."""
-    problems, version = [], 0
+def reward_versions_problems(lines: list[dict[str, Any]], behind: int = 0) -> list[str]:
+    """Every reward update applied at most once, and scoring on the version it must: step t is scored by the version
+    step t-1-k's update left (run.reward_max_staleness k; v_0 = 0 before any), and its update gives one more than
+    the version before it, or the same when it was skipped, which an update with pairs never is (one without pairs is
+    skipped, unless replayed pairs make it one)."""
+    problems, after_step = [], []
     for r in lines:
-        used, after = r.get("reward_version_used"), r.get("reward_version")
-        if used != version:
-            problems.append(f"step {r['step']}: scored by reward version {used!r}, not {version}")
-        if not isinstance(used, int) or not isinstance(after, int) or after - used not in ((1,) if r.get("pairs")
-                                                                                             else (0, 1)):
-            problems.append(f"step {r['step']}: reward version {after!r} after the update of version {used!r} with "
+        t, used, after = r["step"], r.get("reward_version_used"), r.get("reward_version")
+        expected = after_step[t - 1 - behind] if t - 1 - behind >= 0 else 0
+        if used != expected:
+            problems.append(f"step {t}: scored by reward version {used!r}, not {expected}")
+        before = after_step[-1] if after_step else 0
+        if not isinstance(after, int) or after - before not in ((1,) if r.get("pairs") else (0, 1)):
+            problems.append(f"step {t}: reward version {after!r} after the update of version {before!r} with "
                             f"{r.get('pairs')!r} pairs")
-        version = after if isinstance(after, int) else version + 1
+        after_step.append(after if isinstance(after, int) else before + 1)
     return problems
 
 
@@ -389,7 +396,7 @@ def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None
     for key, values in wanted.items():
         if [r.get(key) for r in lines] != list(values):
             bad(f"{key} is {[r.get(key) for r in lines]}, not {list(values)}")
-    for problem in reward_versions_problems(lines):
+    for problem in reward_versions_problems(lines, chaos.reward_max_staleness):
         bad(problem)
     if reference is None:
         return

@@ -4,7 +4,8 @@ resumed run evaluates again) and between steps (it is resumed), of the policy in
 generator inside a negatives job and of the reward service in the middle of a Bradley-Terry update (the policy and
 the reward service come back from their checkpoints plus their update journals), keeps every invariant, and logs the
 same records as the same run without kills (tests/orchestrator/chaos.py); synchronous, and with rollouts one step
-ahead of training (run.max_staleness=1), where the restarted policy also rebuilds the version behind its trainer."""
+ahead of training and VerifyRM's update one step behind its scores (run.max_staleness=1,
+run.reward_max_staleness=1), where the restarted policy also rebuilds the version behind its trainer."""
 
 from __future__ import annotations
 
@@ -16,21 +17,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from chaos import ChaosRun, check, schedule
+from chaos import ChaosRun, check, reward_versions_problems, schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # about a minute on a 2-core EPYC; CI's machines have been 2x slower and more
-@pytest.mark.parametrize("max_staleness", [0, 1])
-def test_a_run_keeps_its_invariants_through_sigkills(tmp_path, max_staleness):
+@pytest.mark.parametrize("behind", [0, 1])
+def test_a_run_keeps_its_invariants_through_sigkills(tmp_path, behind):
     # Seed 5's schedule (evaluations after steps -1, 4, 9, 14 and 15): the CLI inside an evaluation and between
     # steps, the policy inside an update, the generator inside negatives, the reward service inside an update; 16 steps
     # leave room for a harness that falls a few steps behind a fast run (a tiny step takes about 0.5 s). A run that
     # logs no step for 180 s is stuck: the harness stops it and its report (stderr) says where every process was.
     args = ["--seeds", "5", "--recipes", "generator", "--steps", "16", "--kills", "1", "--eval-every", "5",
-            "--stuck-after", "180", "--max-staleness", str(max_staleness)]
+            "--stuck-after", "180", "--max-staleness", str(behind), "--reward-max-staleness", str(behind)]
     assert [k.describe() for k in schedule(5, 16, 1, recipe="generator", eval_every=5)] == [
         "cli@2+0.0s in evaluate", "cli@6+0.51s", "policy@7+0.0s in policy_update", "generator@10+0.0s in negatives",
         "reward@12+0.0s in reward_update"]
@@ -94,3 +95,15 @@ def test_the_check_reports_a_missing_or_different_number_instead_of_crashing(tmp
         "step 1: reward_version is 3, the uninterrupted run's 2",
     ]
     assert chaos.max_rel_diff["reward_mean"] == math.inf
+
+
+def test_the_reward_versions_check_reads_the_scores_k_updates_back():
+    # With run.reward_max_staleness=1 steps 0 and 1 are scored by v_0, step t by the version step t-2's update left.
+    behind = [{"step": t, "reward_version_used": max(0, t - 1), "reward_version": t + 1, "pairs": 3} for t in range(4)]
+    assert reward_versions_problems(behind, 1) == []
+    assert reward_versions_problems(behind, 0) == [f"step {t}: scored by reward version {t - 1}, not {t}"
+                                                   for t in (1, 2, 3)]
+    twice = [dict(r) for r in behind]
+    twice[2]["reward_version"] = 4  # step 2's update applied twice
+    assert reward_versions_problems(twice, 1) == ["step 2: reward version 4 after the update of version 2 with 3 pairs",
+                                                  "step 3: reward version 4 after the update of version 4 with 3 pairs"]
