@@ -10,7 +10,7 @@ decode_request tokenizes each request with the project's Encoder, predict scores
 project's own code). Same route, request and answer as the service's POST /v1/score. Left out: auth, limits,
 versions; a peer only needs to score.
 
-    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. /tmp/v-litserve/bin/python bench/peers/litserve_server.py 8000
+    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. ~/.cache/cooper/bench-peers/litserve/bin/python bench/peers/litserve_server.py 8000
 """
 
 import os

@@ -8,7 +8,7 @@ service's POST /v1/score ({"items": [...]} -> {"scores": [{"score", "logit"}]}),
 Model and tokens: bench/peers/model.py, the project's own code. Left out: auth, limits, versions; a peer only needs
 to score.
 
-    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. /tmp/v-mosec/bin/python bench/peers/mosec_server.py --port 8000
+    COOPER_BENCH_MODEL_DIR=... PYTHONPATH=. ~/.cache/cooper/bench-peers/mosec/bin/python bench/peers/mosec_server.py --port 8000
 """
 
 import os
