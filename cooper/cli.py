@@ -35,9 +35,9 @@ Examples:
 
 
 TRAIN_EPILOG = """\
-With no arguments, `cooper train` runs the tiny preset on this machine: it builds a tiny tokenizer and Qwen2 models
-(a warm-started policy and a pretrained VerifyRM, cached after the first run), starts an embedded Redis and the
-services it needs on free loopback ports, trains, and stops everything. Outputs go to runs/<name>/: config.yaml,
+With no arguments, `cooper train` runs the tiny preset on this machine: a tiny tokenizer and Qwen2 models (a
+warm-started policy and a pretrained VerifyRM, shipped with the package), an embedded Redis and the services it
+needs on free loopback ports; it trains, and stops everything. Outputs go to runs/<name>/: config.yaml,
 metrics.jsonl, tensorboard/, plot.png, checkpoints/, logs/. A config that names service addresses
 (<service>.server.address) and a Redis URL (redis.url) starts nothing and only orchestrates.
 Examples:

@@ -105,7 +105,7 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
         if builds_locally(name):
-            log.info("preparing tiny model %s (cached after the first run)", name)
+            log.info("preparing tiny model %s (shipped with the package, or built once and cached)", name)
             resolve_model(name, kind)
 
 
