@@ -38,6 +38,12 @@ ROLLOUT, VERIFY, SCORE, POLICY_UPDATE, NEGATIVES, REWARD_UPDATE, EVALUATE = (
 )
 
 
+def reward_update_read_by(score_step: int, reward_staleness: int) -> int:
+    """The step whose reward_update made the VerifyRM version score(`score_step`) reads (below 0: the run's first
+    version); `reward_staleness` is run.reward_max_staleness."""
+    return score_step - reward_staleness - 1
+
+
 @dataclass(frozen=True, order=True)
 class Job:
     step: int
@@ -115,7 +121,7 @@ class StepGraph:
             if not self.reward.reward_model_scores:  # the verifier's verdicts are the reward
                 return [Job(t, VERIFY)]
             deps = [Job(t, ROLLOUT)]
-            source = t - self.reward_staleness - 1  # score(t) reads the model reward_update(source) made
+            source = reward_update_read_by(t, self.reward_staleness)
             if self.reward.reward_model_learns and source >= 0:
                 deps.append(Job(source, REWARD_UPDATE))
             return deps

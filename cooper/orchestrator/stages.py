@@ -238,9 +238,9 @@ def score(ctx: StageContext, step: int) -> ScoreResult:
     items = [ScoreItem(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer, completion=c.text)
              for c in ro.completions]
     result = ctx.reward.score(items)
-    # score(t) must use exactly the model reward_update(t-1-k) made, k = run.reward_max_staleness (graph.py); the
-    # first k+1 steps read the run's first version.
-    source = step - 1 - ctx.config.run.reward_max_staleness
+    # score(t) must use exactly the model reward_update(t-1-k) made (graph.py); the first k+1 steps read the run's
+    # first version.
+    source = graph.reward_update_read_by(step, ctx.config.run.reward_max_staleness)
     if ctx.mode.reward_model_learns and source >= 0:
         expect_version("reward", result.version, reward_version_after(ctx, source), f"score:{step}")
     return ScoreResult(rewards=list(result.scores), logits=list(result.logits), reward_version=result.version)
