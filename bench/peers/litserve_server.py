@@ -2,10 +2,10 @@
 bench/reward_http.py.
 
 LitServe's batching: at most COOPER_BENCH_MAX_BATCH requests (default 64), waiting at most COOPER_BENCH_MAX_WAIT_MS
-(default 5); COOPER_BENCH_WORKERS model worker processes (workers_per_device on the one CPU device, default 1; LitServe
-starts as many API server processes in front); `fast_queue` (ZeroMQ between the front and the worker, which
-LitServe's docstring recommends above 100 requests/s) when COOPER_BENCH_FAST_QUEUE=1. bench/reward_http.py sweeps all
-four and reports LitServe at its best.
+(default 5); COOPER_BENCH_WORKERS model worker processes (workers_per_device on the one CPU device, default 1);
+COOPER_BENCH_API_SERVERS API server processes in front (default: as many as workers, LitServe's own default);
+`fast_queue` (ZeroMQ between the front and the worker, which LitServe's docstring recommends above 100 requests/s)
+when COOPER_BENCH_FAST_QUEUE=1. bench/reward_http.py sweeps all five and reports LitServe at its best.
 decode_request tokenizes each request with the project's Encoder, predict scores the batch (bench/peers/model.py, the
 project's own code). Same route, request and answer as the service's POST /v1/score. Left out: auth, limits,
 versions; a peer only needs to score.
@@ -51,9 +51,10 @@ class RewardAPI(ls.LitAPI):
 if __name__ == "__main__":
     api = RewardAPI(max_batch_size=int(os.environ.get("COOPER_BENCH_MAX_BATCH", "64")),
                     batch_timeout=float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5")) / 1000, api_path="/v1/score")
-    # On CPU there is one device: workers_per_device is the number of model workers (and of API servers, run()'s
-    # default num_api_servers), as mosec's COOPER_BENCH_WORKERS inference workers.
+    # On CPU there is one device: workers_per_device is the number of model workers, as mosec's COOPER_BENCH_WORKERS
+    # inference workers. run() starts as many API servers by default; one front for two workers is swept too.
     workers = int(os.environ.get("COOPER_BENCH_WORKERS", "1"))
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=workers, timeout=60,
                           fast_queue=os.environ.get("COOPER_BENCH_FAST_QUEUE") == "1")
-    server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False)
+    server.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", generate_client_file=False,
+               num_api_servers=int(os.environ.get("COOPER_BENCH_API_SERVERS", str(workers))))

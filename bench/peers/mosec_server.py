@@ -1,9 +1,10 @@
 """The reward model behind mosec (a Rust HTTP front and Python worker processes): a peer for bench/reward_http.py.
 
-Set up the way mosec's own examples serve a classifier: a tokenizing stage (its own process) feeding a batched
-inference stage (COOPER_BENCH_WORKERS processes, default 1; mosec's dynamic batching, at most COOPER_BENCH_MAX_BATCH
-requests, default 64, waiting at most COOPER_BENCH_MAX_WAIT_MS, default 5). bench/reward_http.py sweeps all three and
-reports mosec at its best. Same request and answer as the
+Set up the way mosec's own examples serve a classifier: a tokenizing stage (COOPER_BENCH_TOKENIZERS processes,
+default 1; batched like the next stage when COOPER_BENCH_TOKENIZE_BATCHED=1, one request at a time otherwise) feeding
+a batched inference stage (COOPER_BENCH_WORKERS processes, default 1; mosec's dynamic batching, at most
+COOPER_BENCH_MAX_BATCH requests, default 64, waiting at most COOPER_BENCH_MAX_WAIT_MS, default 5).
+bench/reward_http.py sweeps all five and reports mosec at its best. Same request and answer as the
 service's POST /v1/score ({"items": [...]} -> {"scores": [{"score", "logit"}]}), on mosec's route /inference.
 Model and tokens: bench/peers/model.py, the project's own code. Left out: auth, limits, versions; a peer only needs
 to score.
@@ -31,6 +32,21 @@ class Tokenize(Worker):
         return self.encoder.encode([self.item(i["question"], i["reference"], i["completion"]) for i in data["items"]])
 
 
+class TokenizeBatch(Tokenize):
+    """The tokenizing stage batched: mosec hands it a list of requests, and it answers one list of token lists each
+    (one call of the fast tokenizer over all their items)."""
+
+    def forward(self, data: list[dict[str, Any]]) -> list[list[list[int]]]:  # type: ignore[override]
+        items = [self.item(i["question"], i["reference"], i["completion"]) for request in data
+                 for i in request["items"]]
+        ids = self.encoder.encode(items)
+        answers, start = [], 0
+        for request in data:
+            answers.append(ids[start : start + len(request["items"])])
+            start += len(request["items"])
+        return answers
+
+
 class Score(Worker):
     def __init__(self) -> None:
         super().__init__()
@@ -50,9 +66,13 @@ class Score(Worker):
 
 
 if __name__ == "__main__":
+    batching = {"max_batch_size": int(os.environ.get("COOPER_BENCH_MAX_BATCH", "64")),
+                "max_wait_time": int(float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5")))}
+    tokenizers = int(os.environ.get("COOPER_BENCH_TOKENIZERS", "1"))
     server = Server()
-    server.append_worker(Tokenize, num=1)
-    server.append_worker(Score, num=int(os.environ.get("COOPER_BENCH_WORKERS", "1")),
-                         max_batch_size=int(os.environ.get("COOPER_BENCH_MAX_BATCH", "64")),
-                         max_wait_time=int(float(os.environ.get("COOPER_BENCH_MAX_WAIT_MS", "5"))))
+    if os.environ.get("COOPER_BENCH_TOKENIZE_BATCHED") == "1":
+        server.append_worker(TokenizeBatch, num=tokenizers, **batching)
+    else:
+        server.append_worker(Tokenize, num=tokenizers)
+    server.append_worker(Score, num=int(os.environ.get("COOPER_BENCH_WORKERS", "1")), **batching)
     server.run()

@@ -34,7 +34,7 @@ SCRIPTS = [
                                     "--sweep-batch", "16", "--sweep-wait-ms", "2", "--sweep-seconds", "0.3",
                                     "--sweep-copies", "1", "--sweep-inflight", "2"],
                  {"servers", "best_settings", "ceiling_items_per_s", "ceiling_fraction", "scores_match",
-                  "ratio_vs_best_peer_reason"}, id="reward_http"),
+                  "ratio_vs_best_peer_reason", "default_vs_best", "default_settings"}, id="reward_http"),
     pytest.param("step.py", ["--steps", "1", "--warmup", "1", "--mode", "rule"],
                  {"bench", "inprocess", "services", "overhead"}, id="step"),
     pytest.param("experiment.py", ["--smoke", "--seeds", "0", "--parallel", "2"],

@@ -33,10 +33,30 @@ def test_a_round_without_a_reading_of_the_other_server_is_left_out(reward_http) 
         "ratio_vs_vllm": None, "ratio_vs_vllm_per_round": [], "ratio_vs_vllm_range": None}
 
 
-def test_litserve_gets_two_workers_and_vllm_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:
+PROCESSES = {"service": "copies", "mosec": "workers", "litserve": "workers", "naive": "workers"}
+"""Each server's count of model processes, each a whole copy of the model. vLLM runs one engine process: its
+analogue, the cores its threads are bound to, is swept below."""
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4])
+def test_every_server_is_offered_the_model_processes_the_service_is(reward_http, cores: int) -> None:
+    grids = {name: reward_http.settings_grid(name, [16], [2.0], cores=cores) for name in PROCESSES}
+    offered = {name: {s[key] for s in grids[name]} for name, key in PROCESSES.items()}
+    assert offered["service"] == ({1, 2} if cores >= 2 else {1})
+    assert all(counts == offered["service"] for counts in offered.values()), offered
+
+
+def test_litserve_gets_one_front_or_one_per_worker_and_mosec_a_swept_tokenizing_stage(reward_http) -> None:
     litserve = reward_http.settings_grid("litserve", [16], [2.0], cores=2)
-    assert {(s["workers"], s["fast_queue"]) for s in litserve} == {(1, False), (1, True), (2, False), (2, True)}
-    assert {s["workers"] for s in reward_http.settings_grid("litserve", [16], [2.0], cores=1)} == {1}
+    assert {(s["workers"], s["api_servers"], s["fast_queue"]) for s in litserve} == {
+        (1, 1, False), (1, 1, True), (2, 1, False), (2, 1, True), (2, 2, False), (2, 2, True)}
+    mosec = reward_http.settings_grid("mosec", [16], [2.0], cores=2)
+    assert {(s["tokenizers"], s["tokenize_batched"]) for s in mosec} == {(1, False), (1, True), (2, False), (2, True)}
+    assert reward_http.setting_env(mosec[-1])["COOPER_BENCH_TOKENIZE_BATCHED"] == "1"
+    assert reward_http.settings_grid("default", [16], [2.0], cores=2) == [{}]  # the default sets nothing
+
+
+def test_vllm_gets_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:
     vllm = reward_http.settings_grid("vllm", [8, 32], [2.0], cores=2, threads=1)
     assert {s["omp_threads_bind"] for s in vllm} == {"auto", "0", "0-1"}
     assert {(s["max_num_seqs"], s["max_num_batched_tokens"]) for s in vllm} == {(8, 2048), (8, 8192), (32, 2048),

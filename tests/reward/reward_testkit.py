@@ -89,7 +89,9 @@ def make_config(tmp_path: Path, **overrides) -> RewardConfig:  # type: ignore[no
         "http": HttpConfig(port=0),
         "checkpoint_dir": str(tmp_path / "checkpoints"),
         "optim": OptimConfig(lr=3e-3, micro_batch_size=8),
-        "batching": BatchingConfig(max_wait_ms=2),
+        # Set, not calibrated: two services that chose different batches would cut the same request into different
+        # forward passes, and the tests compare scores across services bit for bit.
+        "batching": BatchingConfig(max_batch_size=64, max_wait_ms=2),
         "device": "cpu",
         "model_process": False,  # the model on a thread, so that tests can look inside it (test_model_process.py)
     }

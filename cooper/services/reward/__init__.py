@@ -9,6 +9,8 @@ Where things are, from the outside in:
 - `errors.py`: every refusal and its gRPC status and HTTP status, one table for both transports.
 - `service.py`: RewardService, what both transports call: tokenizes, queues, keeps the version and the metrics.
 - `batcher.py`: the queue in front of the model; cuts batches, runs updates and saves between them.
+- `serving_defaults.py`: the model processes, batch and wait chosen at start-up where the config leaves them unset
+  (from the cores, and a short calibration of the model).
 - `runner.py`: where the model runs (a thread, or a child process); `runner.apply_update(...)` and the other typed
   methods run the RewardCore method of the same name there. `model_process.py` starts that child early.
 - `core.py`: RewardCore, the model's state: versions, idempotency keys, replay, checkpoints.

@@ -23,13 +23,14 @@ from typing import Any
 
 import torch
 
-from cooper.config import RewardConfig
+from cooper.config import BatchingConfig, RewardConfig
 from cooper.runtime import checkpoint
 from cooper.runtime.checkpoint import REWARD
 from cooper.runtime.durability import Durability
 from cooper.runtime.ledger import Ledger
 from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
+from cooper.services.reward.serving_defaults import CALIBRATION_TOKENS, with_batching
 from cooper.services.reward.verify_rm import VerifyRM
 
 log = logging.getLogger("cooper.reward")
@@ -52,6 +53,8 @@ class RewardCore:
                  checkpoint_path: str = ""):
         self.rm = rm
         self.config = config
+        self.batching_reasons: list[str] = []
+        """Why load chose the batching settings the config left unset (empty when it set them all)."""
         self.durable = durable
         state = state or {}
         self.updates: int = state.get("updates", 0)
@@ -86,8 +89,12 @@ class RewardCore:
         may delete one meanwhile), without the optimizer state."""
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        if config.role == "replica":
-            return cls._load_replica(config)
+        core = cls._load_replica(config) if config.role == "replica" else cls._load_trainer(config, writes)
+        core.config, core.batching_reasons = with_batching(config, core._calibration_pass)
+        return core
+
+    @classmethod
+    def _load_trainer(cls, config: RewardConfig, writes: bool) -> RewardCore:
         durable = cls.durability(config, writes)
         latest = durable.start()
         if latest is None:
@@ -147,6 +154,18 @@ class RewardCore:
     def close(self) -> None:
         """Let a background checkpoint finish."""
         self.durable.wait()
+
+    def _calibration_pass(self, size: int) -> None:
+        """One forward pass of `size` CALIBRATION_TOKENS-token inputs (serving_defaults.with_batching)."""
+        self.rm.logits([[self.rm.pad_id] * min(CALIBRATION_TOKENS, self.config.max_length)] * size, size)
+
+    def batching(self) -> tuple[BatchingConfig, list[str]]:
+        """The batching in use (the config's, with what it left unset chosen at load) and why those were chosen."""
+        return self.config.batching, self.batching_reasons
+
+    def use_batching(self, batching: BatchingConfig) -> None:
+        """Batch as `batching` from now on: model copies take the first copy's choice, so all cut passes alike."""
+        self.config = self.config.model_copy(update={"batching": batching})
 
     def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
         """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cooper.config import RewardConfig
+from cooper.services.reward.serving_defaults import with_model_copies
 
 
 @dataclass
@@ -53,6 +54,7 @@ _early: tuple[RewardConfig, ModelProcess] | None = None
 def start_early(config: RewardConfig) -> None:
     """Start the model process the service will ask for, when it runs one (reward.model_process, one copy)."""
     global _early
+    config, _ = with_model_copies(config)  # as RewardService.create will: take_early compares the two
     if config.model_process and config.model_copies == 1 and _early is None:
         _early = (config, spawn(config, writes=True))
 

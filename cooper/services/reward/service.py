@@ -11,6 +11,7 @@ swaps in the trainer's newer checkpoints.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
@@ -30,8 +31,11 @@ from cooper.services.reward.items import (
     UpdateResult,
 )
 from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, ReplicaStale, Staleness
-from cooper.services.reward.runner import Runner, ThreadRunner, start_runner
+from cooper.services.reward.runner import CopiesRunner, Runner, ThreadRunner, start_runner
+from cooper.services.reward.serving_defaults import with_model_copies
 from cooper.services.reward.verify_rm import Encoder
+
+log = logging.getLogger("cooper.reward")
 
 __all__ = ["ReadOnlyReplica", "ReplicaStale", "RewardService", "ScoreResult"]
 
@@ -77,11 +81,16 @@ class RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
         # The tokenizer's import (transformers: 1-2 s of CPU on 2 cores) runs while the model process loads.
         importing = asyncio.ensure_future(asyncio.to_thread(_import_tokenizer)) if config.model_process else None
+        config, copies = with_model_copies(config)
         runner = await start_runner(config)
         try:
             if importing is not None:
                 await importing
             info: ModelInfo = await runner.info()
+            batching, reasons = await runner.call(RewardCore.batching)
+            if isinstance(runner, CopiesRunner):  # each copy calibrated itself; all batch as the first chose
+                await runner.call(RewardCore.use_batching, batching)
+            config = config.model_copy(update={"batching": batching})
             if isinstance(runner, ThreadRunner):
                 encoder = runner.core.rm.encoder
             else:
@@ -89,6 +98,10 @@ class RewardService:
         except BaseException:
             await runner.close()
             raise
+        chosen = ([f"model_copies={config.model_copies}: {copies.why}"] if copies else []) + reasons
+        if chosen:
+            log.info("reward serving settings chosen at start-up (set them in reward.* to override): %s",
+                     "; ".join(chosen))
         service = cls(runner, config, info, encoder)
         service.batcher.start()
         if service.follower is not None:

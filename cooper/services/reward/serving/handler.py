@@ -83,7 +83,9 @@ class RewardHttpHandler:
 
     async def get_reward(self, request: protocol.OpenRLHFRequest) -> protocol.OpenRLHFResponse:
         """OpenRLHF's remote RM: question = prompt, reference = label, completion = query after its prompt; without
-        labels, all three from the VerifyRM template text in the query."""
+        labels, or for an empty label (OpenRLHF sends "" when --label_key is not set), all three from the VerifyRM
+        template text in the query: an empty reference is no reference, and scoring against it would be a silent
+        default."""
         if request.labels is None:
             items = [self._item_from_query(i, query) for i, query in enumerate(request.query)]
             self._check_limits([(i.question, i.reference, i.completion) for i in items])
@@ -94,7 +96,8 @@ class RewardHttpHandler:
                                f"got {len(request.query)}, {'no' if prompts is None else len(prompts)} and "
                                f"{len(request.labels)}")
             self._check_limits(list(zip(request.query, prompts, request.labels, strict=True)))
-            items = [ScoreItem(prompt, label, self._completion(i, query, prompt))
+            items = [ScoreItem(prompt, label, self._completion(i, query, prompt)) if label.strip()
+                     else self._item_from_query(i, query, empty_label=True)
                      for i, (query, prompt, label) in enumerate(zip(request.query, prompts, request.labels,
                                                                     strict=True))]
         result = await self._score(items)
@@ -104,11 +107,12 @@ class RewardHttpHandler:
             extra_logs={"reward_version": [float(result.version)] * len(items)},
         )
 
-    def _item_from_query(self, index: int, query: str) -> ScoreItem:
+    def _item_from_query(self, index: int, query: str, empty_label: bool = False) -> ScoreItem:
         item = parse_input(self._strip_special(query), anywhere=True)
         if item is None:
-            raise ApiError(422, "invalid_request", f"query {index} has no reference answer: send labels (one "
-                           "reference per query, with prompts), or queries that hold the VerifyRM template "
+            why = f"labels[{index}] is empty (OpenRLHF sends \"\" without --label_key)" if empty_label else "no labels"
+            raise ApiError(422, "invalid_request", f"query {index} has no reference answer ({why}): send labels "
+                           "(one reference per query, with prompts), or queries that hold the VerifyRM template "
                            "'<question>Q</question>\\n<reference_answer>R</reference_answer>\\n<completion>C' "
                            "(docs/reward-api.md, Score with curl)")
         return item
@@ -167,7 +171,17 @@ class RewardHttpHandler:
                                       role=self.service.config.role,
                                       trainer_version=staleness.trainer_version if staleness else info.version,
                                       lag_s=staleness.lag_s if staleness else 0.0,
-                                      stale=staleness.stale if staleness else False)
+                                      stale=staleness.stale if staleness else False,
+                                      serving=self._serving_settings())
+
+    def _serving_settings(self) -> protocol.ServingSettings:
+        config = self.service.config
+        assert config.model_copies is not None and config.batching.max_batch_size is not None
+        assert config.batching.max_wait_ms is not None  # RewardService.create chose what the config left unset
+        return protocol.ServingSettings(model_copies=config.model_copies,
+                                        max_batch_size=config.batching.max_batch_size,
+                                        max_wait_ms=config.batching.max_wait_ms,
+                                        max_inflight=config.batching.max_inflight)
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""

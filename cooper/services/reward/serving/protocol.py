@@ -37,6 +37,15 @@ class ScoreResponse(BaseModel):
     version: int
 
 
+class ServingSettings(BaseModel):
+    """The batching and model processes in effect: the config's, with what it left unset chosen at start-up."""
+
+    model_copies: int = Field(description="model processes, each a whole copy of the model (reward.model_copies)")
+    max_batch_size: int = Field(description="most sequences in one forward pass (reward.batching.max_batch_size)")
+    max_wait_ms: float = Field(description="how long a request may wait for others to join its batch")
+    max_inflight: int = Field(description="batches handed to each model process and not yet answered")
+
+
 class ModelResponse(BaseModel):
     model: str = Field(description="hub id or local directory of the base model")
     version: int = Field(description="current model version; each applied update adds one")
@@ -50,6 +59,7 @@ class ModelResponse(BaseModel):
                                  "trainer: its version")
     lag_s: float = Field(description="replica: seconds a newer checkpoint has waited to be loaded; 0 when current")
     stale: bool = Field(description="replica: past reward.replica's max_lag_s or max_versions_behind")
+    serving: ServingSettings
 
 
 class StatusResponse(BaseModel):
@@ -60,15 +70,15 @@ class StatusResponse(BaseModel):
 class OpenRLHFRequest(BaseModel):
     """OpenRLHF's remote reward model request. With `labels`: `query[i]` is `prompts[i]` followed by the
     completion and `labels[i]` is the reference answer (one entry per sample in each list). Without `labels` (older
-    OpenRLHF clients send only `query`): the reference travels in the query, which must then hold the VerifyRM
-    template text (docs/design.md section 2.5; anything before `<question>`, such as chat markup, is dropped, and
-    the closing `</completion>` may be missing); a query without it is refused (422), since VerifyRM cannot judge a
-    completion without its reference. Unknown keys are ignored, since OpenRLHF versions send different extras."""
+    OpenRLHF clients send only `query`), or for an empty label (newer ones send "" without --label_key): the
+    reference travels in the query, which must then hold the VerifyRM template text (docs/design.md section 2.5;
+    anything before `<question>`, such as chat markup, is dropped, and the closing `</completion>` may be missing);
+    a query without it is refused (422), since VerifyRM cannot judge a completion without its reference. Unknown keys are ignored, since OpenRLHF versions send different extras."""
 
     query: list[str]
     prompts: list[str] | None = Field(default=None, description="required with labels")
-    labels: list[str] | None = Field(default=None, description="reference answers; without them each query must "
-                                     "hold the VerifyRM template text")
+    labels: list[str] | None = Field(default=None, description="reference answers; without them, or where one is "
+                                     "empty, the query must hold the VerifyRM template text")
 
 
 class OpenRLHFResponse(BaseModel):
