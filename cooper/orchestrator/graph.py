@@ -29,13 +29,26 @@ as deterministic as with k = 0, and reward_update(t) runs while policy_update(t+
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from cooper.modes import reward_mode
 
-ROLLOUT, VERIFY, SCORE, POLICY_UPDATE, NEGATIVES, REWARD_UPDATE, EVALUATE = (
-    "rollout", "verify", "score", "policy_update", "negatives", "reward_update", "evaluate",
-)
+
+class Stage(enum.StrEnum):
+    """A step's stage: the job kind, the key of its function in stages.STAGES and of its result type in
+    stages.RESULTS. A StrEnum, so that a job id in Redis ("score:12") is its plain value."""
+
+    ROLLOUT = "rollout"
+    VERIFY = "verify"
+    SCORE = "score"
+    POLICY_UPDATE = "policy_update"
+    NEGATIVES = "negatives"
+    REWARD_UPDATE = "reward_update"
+    EVALUATE = "evaluate"
+
+
+ROLLOUT, VERIFY, SCORE, POLICY_UPDATE, NEGATIVES, REWARD_UPDATE, EVALUATE = Stage
 
 
 def reward_update_read_by(score_step: int, reward_staleness: int) -> int:
@@ -47,16 +60,21 @@ def reward_update_read_by(score_step: int, reward_staleness: int) -> int:
 @dataclass(frozen=True, order=True)
 class Job:
     step: int
-    stage: str
+    stage: Stage
 
     @property
     def id(self) -> str:
-        return f"{self.stage}:{self.step}"
+        return f"{self.stage.value}:{self.step}"
 
     @staticmethod
     def parse(job_id: str) -> Job:
+        """The job of an id `<stage>:<step>`; ValueError naming the id when it is not one."""
         stage, _, step = job_id.partition(":")
-        return Job(int(step), stage)
+        try:
+            return Job(int(step), Stage(stage))
+        except ValueError:
+            raise ValueError(f"not a job id: {job_id!r} (expected <stage>:<step>, the stage one of "
+                             f"{', '.join(Stage)})") from None
 
 
 class StepGraph:
@@ -86,7 +104,7 @@ class StepGraph:
         """-1 when the initial policy is evaluated (its job is step -1's only one), else 0."""
         return -1 if self.evaluates_after(-1) else 0
 
-    def stages(self, step: int) -> list[str]:
+    def stages(self, step: int) -> list[Stage]:
         if step == -1:
             return [EVALUATE] if self.evaluates_after(-1) else []
         stages = [ROLLOUT, VERIFY, SCORE, POLICY_UPDATE]

@@ -1,4 +1,4 @@
-"""The stage jobs: plain functions `stage(ctx, step) -> result`, keyed by name in STAGES (their results' types in
+"""The stage jobs: plain functions `stage(ctx, step) -> result`, keyed by their graph.Stage in STAGES (their results' types in
 RESULTS).
 
 Each reads its inputs from the results of the jobs it depends on, calls the services through `ctx.services`
@@ -92,7 +92,7 @@ class StageContext:
     def generator(self) -> Generator:
         return self.services.generator
 
-    def result(self, stage: str, step: int) -> StageResult:
+    def result(self, stage: graph.Stage, step: int) -> StageResult:
         """The recorded result of job stage:step, as its stage's type (RESULTS); KeyError when none is recorded."""
         return from_json(RESULTS[stage], self.store.result(graph.Job(step, stage).id))
 
@@ -420,7 +420,7 @@ def score_rm_bench(ctx: StageContext) -> RmBenchResult:
                          false_positive_rate=report.false_positive_rate, negatives=report.negatives)
 
 
-RESULTS: dict[str, type[StageResult]] = {
+RESULTS: dict[graph.Stage, type[StageResult]] = {
     graph.ROLLOUT: RolloutResult,
     graph.VERIFY: VerificationResult,
     graph.SCORE: ScoreResult,
@@ -431,7 +431,7 @@ RESULTS: dict[str, type[StageResult]] = {
 }
 """What each stage's job records."""
 
-STAGES: dict[str, Callable[[StageContext, int], StageResult]] = {
+STAGES: dict[graph.Stage, Callable[[StageContext, int], StageResult]] = {
     graph.ROLLOUT: rollout,
     graph.VERIFY: verify,
     graph.SCORE: score,

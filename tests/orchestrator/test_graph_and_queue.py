@@ -35,6 +35,15 @@ def test_cooper_graph_orders_the_two_stages():
     assert graph.dependents(Job(0, g.POLICY_UPDATE)) == [Job(1, g.ROLLOUT)]
 
 
+def test_a_job_id_names_its_stage_and_a_bad_one_is_refused():
+    job = Job.parse("reward_update:12")
+    assert job == Job(12, g.Stage.REWARD_UPDATE) and job.id == "reward_update:12"
+    assert set(stages.STAGES) == set(stages.RESULTS) == set(g.Stage)  # every stage runs and records, by its Stage
+    for bad in ("reward_updates:12", "score", "score:x"):
+        with pytest.raises(ValueError, match="not a job id"):
+            Job.parse(bad)
+
+
 def test_rule_and_static_graphs():
     rule, static = StepGraph("rule", 2, 0), StepGraph("static", 2, 0)
     assert rule.stages(0) == static.stages(0) == ["rollout", "verify", "score", "policy_update"]
