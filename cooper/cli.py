@@ -142,9 +142,11 @@ the generator start locally unless <service>.server.address names running ones; 
 generator.assistant (e.g. backend=openai with base_url, or backend=vllm with a model). Input: JSON Lines with
 "question", "reference" (or "answer") and "completion". Prints counts, then one JSON line.
 Examples:
-  cooper annotate triples.jsonl -o labelled.jsonl generator.assistant.backend=openai \\
-      generator.assistant.base_url=http://localhost:8001/v1 generator.assistant.model_name=Qwen2.5-7B-Instruct
-  cooper pretrain-rm labelled.jsonl -o models/verify-rm reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
+  cooper annotate triples.jsonl -o labelled.jsonl --config qwen2.5-1.5b-cooper \\
+      generator.assistant.backend=openai generator.assistant.base_url=http://localhost:8001/v1 \\
+      generator.assistant.model_name=Qwen2.5-7B-Instruct
+  cooper pretrain-rm labelled.jsonl -o models/verify-rm --config qwen2.5-1.5b-cooper \\
+      reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
   cooper train --config configs/qwen2.5-1.5b-cooper.yaml reward.model=models/verify-rm
 """
 
@@ -171,8 +173,9 @@ written as a model directory that reward.model can name. Input: JSON Lines with 
 "answer"), "completion" and a boolean "label": what `cooper annotate` writes. A share of the triples (--holdout) is
 held out and scored before and after, so the printed accuracy says whether the training took. Prints one JSON line.
 Examples:
-  cooper pretrain-rm labelled.jsonl -o models/verify-rm reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
-  cooper eval-rm verifybench.jsonl reward.model=models/verify-rm
+  cooper pretrain-rm labelled.jsonl -o models/verify-rm --config qwen2.5-1.5b-cooper \\
+      reward.model=Qwen/Qwen2.5-Math-1.5B-Instruct
+  cooper eval-rm verifybench.jsonl --config qwen2.5-1.5b-cooper reward.model=models/verify-rm
   cooper train --config qwen2.5-1.5b-cooper reward.model=models/verify-rm
 """
 

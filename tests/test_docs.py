@@ -91,7 +91,7 @@ def unknown_options(commands: list[tuple[str, list[str]]]) -> list[str]:
 def test_every_cooper_command_in_the_readme_exists():
     commands = readme_commands((ROOT / "README.md").read_text())
     # The scan finds what README shows (the first command, the paper-scale path), so an empty list cannot pass.
-    assert ("train", []) in commands and ("pretrain-rm", ["-o"]) in commands, commands
+    assert ("train", []) in commands and ("pretrain-rm", ["-o", "--config"]) in commands, commands
     assert unknown_options(commands) == []
 
 
@@ -104,6 +104,48 @@ def test_an_unknown_flag_or_subcommand_is_reported():
     assert unknown_options(commands) == ["cooper frobnicate: no such subcommand",
                                          "cooper train --no-such-flag: not in `cooper train --help`"]
 
+
+
+PAPER_PRESET = "qwen2.5-1.5b-cooper"
+CONFIGURED = ("annotate", "pretrain-rm", "eval-rm", "train")
+"""The subcommands that read a config: without --config they load the tiny preset (reward.max_length 256, the
+verifier's boxed-only answers), which would quietly truncate and relabel paper-scale triples."""
+
+
+def unconfigured_paper_commands(text: str, heading: str) -> list[str]:
+    """The `cooper annotate|pretrain-rm|eval-rm|train` commands in the code blocks of the section under `heading`
+    (up to the next heading) that do not name the paper preset with --config."""
+    lines, fenced = [], False
+    for line in text.split(heading, 1)[1].splitlines()[1:]:
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced:  # the next heading; a `#` inside a code block is a comment
+            break
+        lines.append(line)
+    problems = []
+    for block in FENCE.findall("\n".join(lines) + "\n"):
+        body = "\n".join(block.splitlines()[1:-1]).replace("\\\n", " ")
+        for line in body.splitlines():
+            match = re.match(r"\s*cooper\s+([a-z-]+)\s(.*)", line.split(" # ", 1)[0])
+            if match and match.group(1) in CONFIGURED and "--resume" not in line \
+                    and not re.search(rf"--config\s+(configs/)?{re.escape(PAPER_PRESET)}(\.yaml)?(\s|$)", line):
+                problems.append(" ".join(line.split()))
+    return problems
+
+
+@pytest.mark.parametrize(("doc", "heading"), [("README.md", "## On GPUs, at the paper's scale"),
+                                              ("docs/training.md", "### The initial VerifyRM")])
+def test_every_paper_scale_command_runs_with_the_paper_preset(doc, heading):
+    text = (ROOT / doc).read_text()
+    assert heading in text
+    assert unconfigured_paper_commands(text, heading) == []
+
+
+def test_a_paper_scale_command_without_the_preset_is_reported():
+    planted = ("## On GPUs, at the paper's scale\n```bash\ncooper pretrain-rm l.jsonl -o m \\\n    reward.model=x\n"
+               "cooper data a.jsonl -o b.jsonl\ncooper train --config qwen2.5-1.5b-cooper reward.model=m\n```\n"
+               "## Next\n```bash\ncooper train\n```\n")
+    assert unconfigured_paper_commands(planted, "## On GPUs, at the paper's scale") == [
+        "cooper pretrain-rm l.jsonl -o m reward.model=x"]
 
 # --- words about how the project was made ------------------------------------------------------------------------
 
