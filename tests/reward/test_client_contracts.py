@@ -43,7 +43,7 @@ from reward_testkit import Served, make_config, serve_http, tiny_items
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from cooper.config import BatchingConfig, HttpConfig
-from cooper.runtime.models import resolve_model
+from cooper.runtime.models import cache_root, resolve_model
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.serving.http import HttpServer, ScoringFastPath, create_app, start_http
 
@@ -69,7 +69,7 @@ MAX_QUEUE = 4
 def pinned_packages() -> Path:
     """PINNED in a folder of the cache: `site/` the installed packages, `wheels/` the frameworks' wheels."""
     key = hashlib.sha256(repr((sorted(PINNED.items()), sys.version_info[:2], sys.platform)).encode()).hexdigest()
-    cache = Path(os.environ["COOPER_CACHE"]) / "client-contracts" / key[:16]
+    cache = cache_root() / "client-contracts" / key[:16]
     if (cache / "complete").exists():
         return cache
     staging = cache.with_name(f"{cache.name}.{os.getpid()}")

@@ -90,7 +90,8 @@ class RewardCore:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         core = cls._load_replica(config) if config.role == "replica" else cls._load_trainer(config, writes)
-        core.config, core.batching_reasons = with_batching(config, core._calibration_pass)
+        if writes:  # the other model copies take this one's choice (RewardService.create: use_batching)
+            core.config, core.batching_reasons = with_batching(config, core._calibration_pass)
         return core
 
     @classmethod

@@ -88,7 +88,7 @@ class RewardService:
                 await importing
             info: ModelInfo = await runner.info()
             batching, reasons = await runner.call(RewardCore.batching)
-            if isinstance(runner, CopiesRunner):  # each copy calibrated itself; all batch as the first chose
+            if isinstance(runner, CopiesRunner):  # the first copy chose (RewardCore.load); all batch alike
                 await runner.call(RewardCore.use_batching, batching)
             config = config.model_copy(update={"batching": batching})
             if isinstance(runner, ThreadRunner):
