@@ -3,6 +3,9 @@
 - Every relative link in README.md and docs/*.md names a file that exists (the anchor after `#` is not checked).
 - Every `cooper SUBCOMMAND --flag` that README shows, in a code block or inline code, exists in that subcommand's
   `--help`.
+- Every measured figure README quotes in its prose and tables (a decimal, or a count of seconds, minutes, items/s, ms,
+  x or %) appears in a doc under docs/: README quotes, the docs hold the result with its command and machine, so
+  the two cannot drift apart. Code blocks (a command's sample output) and link targets are left out.
 - No tracked text file carries words about the work rather than the product: numbered work sessions or tickets, a
   machine-local path. Each hit fails with `file:line: text`; such notes belong in commit messages.
 
@@ -48,6 +51,37 @@ def test_every_relative_link_resolves():
 def test_a_broken_link_is_reported():
     text = "See [the design](docs/design.md), [gone](docs/gone.md#x), [site](https://example.org).\n"
     assert broken_links(ROOT / "README.md", text) == ["README.md:1: docs/gone.md#x"]
+
+
+# --- README's figures ----------------------------------------------------------------------------------------------
+
+FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(x\b|%| s\b| minutes\b| items/s\b| ms\b)?")
+
+
+def unsourced_figures(readme: str, docs: str) -> list[str]:
+    """`line: figure` for each figure of README's prose that no doc holds (a bare integer, a count of seeds or
+    steps, is not a figure here; a decimal or a number with a unit is)."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), readme)
+    prose = LINK.sub(lambda m: m.group(0).replace(m.group(1), ""), prose)  # link targets: addresses, file names
+    prose = re.sub(r"arXiv:? ?\d{4}\.\d{4,5}", "arXiv", prose)  # the paper's id, not a figure
+    problems = []
+    for match in FIGURE.finditer(prose):
+        number, unit = match.groups()
+        if ("." in number or unit) and number not in docs:
+            problems.append(f"{prose.count(chr(10), 0, match.start()) + 1}: {match.group(0)}")
+    return problems
+
+
+def test_every_figure_readme_quotes_is_in_a_doc():
+    docs = "\n".join(path.read_text() for path in DOCS[1:])
+    assert unsourced_figures((ROOT / "README.md").read_text(), docs) == []
+
+
+def test_a_figure_no_doc_holds_is_reported():
+    readme = ("Intro (arXiv 2508.05613).\n\nIt took 12.5 s on 4 cores, [paper](https://arxiv.org/abs/2508.05613)."
+              "\n\n```\n9.99\n```\n0.731x\n")
+    assert unsourced_figures(readme, "measured 12.5 s") == ["8: 0.731x"]
+    assert unsourced_figures(readme, "12.5 s and 0.731x") == []
 
 
 # --- README's cooper commands ------------------------------------------------------------------------------------
