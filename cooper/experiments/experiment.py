@@ -89,6 +89,17 @@ def scores_with_reward_model(label: str) -> bool:
     return reward_mode(mode_of(label)).reward_model_scores
 
 
+def run_order(labels: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """Every (label, seed), the longest runs first: cooper's update VerifyRM every step, static's only score with it,
+    rule's do neither. With runs in parallel the last to finish is then a short one, not a cooper run that started
+    when the rest were nearly done (on 2 cores that tail was most of a cooper run)."""
+    def cost(job: tuple[str, int]) -> int:
+        mode = reward_mode(mode_of(job[0]))
+        return mode.reward_model_scores + mode.reward_model_learns
+
+    return sorted(((label, seed) for seed in seeds for label in labels), key=cost, reverse=True)
+
+
 def _as_seeds(runs: Mapping[str, Any]) -> dict[str, list[list[Mapping[str, Any]]]]:
     """Accept {mode: records} (one seed) or {mode: [records, ...]} (several)."""
     out = {}
@@ -391,7 +402,7 @@ def run_experiment(config: CooperConfig, modes: tuple[str, ...] = MODES, seeds: 
         measured = measure_best_of_n(config, samples=best_of_n_samples)
         (out / "best_of_n.json").write_text(json.dumps(measured, indent=2))
         curve = [BestOfN(**p) for p in measured["curve"]]
-    jobs = [(label, seed) for seed in seeds for label in labels]
+    jobs = run_order(labels, seeds)
     run_dirs = run_all(config, jobs, name, out, parallel, progress)
     records = {job: read_metrics(path) for job, path in run_dirs.items()}
     runs = {label: [records[(label, seed)] for seed in seeds] for label in labels}

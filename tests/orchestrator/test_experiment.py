@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from cooper.experiments.experiment import accuracy_points, compare_plot, compare_table
+from cooper.experiments.experiment import accuracy_points, compare_plot, compare_table, run_order
 
 
 def _records(mode: str, rewards: list[float]) -> list[dict]:
@@ -49,6 +49,13 @@ def test_test_accuracy_starts_at_the_initial_policy_and_seeds_average(tmp_path):
     assert table[1].split() == ["static", "0.800", "0.300", "0.500", "-", "-", "0.300"]  # means of the last values
     path = compare_plot({"static": [seed0, seed1], "rule": [_records("rule", [0.3, 0.4])]}, tmp_path / "c.png")
     assert path.stat().st_size > 20_000
+
+
+def test_the_longest_runs_start_first_in_seed_order():
+    order = run_order(["rule", "static", "cooper", "cooper-paper", "static-noaction"], [5, 3])
+    assert order == [("cooper", 5), ("cooper-paper", 5), ("cooper", 3), ("cooper-paper", 3),
+                     ("static", 5), ("static-noaction", 5), ("static", 3), ("static-noaction", 3),
+                     ("rule", 5), ("rule", 3)]
 
 
 def test_experiment_rejects_bad_seeds():
