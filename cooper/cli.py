@@ -37,8 +37,9 @@ Examples:
 TRAIN_EPILOG = """\
 With no arguments, `cooper train` runs the tiny preset on this machine: a tiny tokenizer and Qwen2 models (a
 warm-started policy and a pretrained VerifyRM, shipped with the package), an embedded Redis and the services it
-needs on free loopback ports; it trains, and stops everything. Outputs go to runs/<name>/: config.yaml,
-metrics.jsonl, tensorboard/, plot.png, checkpoints/, logs/. A config that names service addresses
+needs on free loopback ports; it trains, and stops everything. Outputs go to runs/<name>/: metrics.jsonl,
+alarms.jsonl, plot.png, tensorboard/, the config, checkpoints/, logs/, redis/ (docs/training.md, "What a run
+writes"). A config that names service addresses
 (<service>.server.address) and a Redis URL (redis.url) starts nothing and only orchestrates.
 Examples:
   cooper train

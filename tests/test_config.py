@@ -1,4 +1,6 @@
+import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -164,3 +166,34 @@ def test_rollouts_ahead_get_their_importance_cap_and_the_checkpoints_to_resume_e
         with pytest.raises(ConfigError, match=needle):
             load_config(None, ["run.max_staleness=2", *bad], environ={})
     assert load_config(None, ["run.max_staleness=2", "policy.journal=false", "policy.save_every=0"], environ={})
+
+
+def help_examples() -> list[str]:
+    """Every `cooper ...` line under "Examples:" in the help of `cooper` and of each subcommand."""
+    from cooper.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices.values()
+    helps = [parser.format_help(), *(command.format_help() for command in commands)]
+    examples = []
+    for text in helps:
+        block = text.split("Examples:\n", 1)[1] if "Examples:\n" in text else ""
+        for line in block.replace("\\\n", " ").splitlines():  # a trailing backslash continues the example
+            if not line.startswith("  cooper "):
+                break
+            examples.append(" ".join(line.split("#", 1)[0].split()))
+    return sorted(set(examples))
+
+
+def test_every_help_example_parses_and_its_config_loads():
+    from cooper.cli import _parser
+    from cooper.config import preset_path
+
+    examples = help_examples()
+    assert len(examples) >= 15 and "cooper train" in examples  # every subcommand's block was found
+    for example in examples:
+        args, rest = _parser().parse_known_args(shlex.split(example)[1:])
+        assert [item for item in rest if item.startswith("-") or "=" not in item] == [], example
+        if getattr(args, "config", None) is not None or getattr(args, "overrides", None):
+            overrides = [*getattr(args, "overrides", []), *rest]
+            assert load_config(ROOT / preset_path(args.config or "tiny"), overrides, environ={}), example
