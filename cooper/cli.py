@@ -39,8 +39,8 @@ With no arguments, `cooper train` runs the tiny preset on this machine: a tiny t
 warm-started policy and a pretrained VerifyRM, shipped with the package), an embedded Redis and the services it
 needs on free loopback ports; it trains, and stops everything. Outputs go to runs/<name>/: metrics.jsonl,
 alarms.jsonl, plot.png, tensorboard/, the config, checkpoints/, logs/, redis/ (docs/training.md, "What a run
-writes"). A config that names service addresses
-(<service>.server.address) and a Redis URL (redis.url) starts nothing and only orchestrates.
+writes"). A config that names service addresses (<service>.server.address) and a Redis URL (redis.url) starts
+nothing and only orchestrates.
 Examples:
   cooper train
   cooper train run.mode=static run.steps=10
