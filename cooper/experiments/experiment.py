@@ -133,7 +133,7 @@ def moving_average(points: Sequence[tuple[int, float]], width: int = SMOOTHING) 
 
 def compare_plot(runs: Runs, path: Path) -> Path:
     """One panel per benchmark's test accuracy (the held-out set first, where a reader looks first), then one per
-    monitored quantity; one line per mode: the mean over seeds. Per-step curves are drawn as a moving average of
+    monitored quantity, three to a row; one line per mode: the mean over seeds. Per-step curves are drawn as a moving average of
     SMOOTHING steps over the raw mean, which stays faint behind it; each seed is a thin line."""
     import matplotlib
 
@@ -146,8 +146,13 @@ def compare_plot(runs: Runs, path: Path) -> Path:
                     for k in r if k.startswith(TEST)})
     tests.sort(key=lambda k: k != "heldout")
     panels = [(TEST + k, f"test accuracy ({k})") for k in tests] + PANELS
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=110, squeeze=False)
-    for ax, (key, title) in zip(axes[0], panels, strict=True):
+    # A grid three panels wide, so that at a page's width (README) each panel is a third of it, not a sixth.
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), dpi=110, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes.flat, panels):
         for mode, seeds in by_mode.items():
             # A no-action control is its mode's colour, dashed: the same run with the alarm only warning.
             color, style = COLORS.get(recipe_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
