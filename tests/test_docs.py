@@ -191,6 +191,10 @@ PROCESS_WORDS = [re.compile(pattern, flags=re.I) for pattern in (
     r"\bthe " + "iss" + r"ue's\b|\bof the " + "iss" + r"ue\b",
     r"\bhelper " + r"agents?\b",
     r"\bpeople who " + r"steer\b",
+    r"\banother " + r"engineer'?s?\b",        # who else used the machine
+    r"\ba note kept " + r"on the machine\b",
+    r"\bto free the " + r"machine\b",
+    r"\bamendment " + r"log\b",
     r"(?<![\w.])/" + r"work/",                  # machine-local paths
     r"/" + r"home/(?!cooper\b)\w+",             # (the images' user is cooper)
 )]
@@ -235,8 +239,10 @@ def test_no_tracked_text_says_how_it_was_made():
 def test_words_about_the_work_are_reported_with_their_line():
     planted = "A run.\nMeasured in " + "Sess" + "ion\n14 on a\nquiet machine; see " + "iss" + "ue #25.\n"
     planted += "Copied from /" + "work/notes.txt. A gRPC " + "sess" + "ion and an HTTP " + "sess" + "ion are fine.\n"
+    planted += "Stopped to free the " + "machine for CI.\n"
     assert process_words("x.md", planted) == [
         "x.md:2: Measured in " + "Sess" + "ion",
         "x.md:4: quiet machine; see " + "iss" + "ue #25.",
         "x.md:5: Copied from /" + "work/notes.txt. A gRPC " + "sess" + "ion and an HTTP " + "sess" + "ion are fine.",
+        "x.md:6: Stopped to free the " + "machine for CI.",
     ]
