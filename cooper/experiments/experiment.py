@@ -133,8 +133,8 @@ def moving_average(points: Sequence[tuple[int, float]], width: int = SMOOTHING) 
 
 def compare_plot(runs: Runs, path: Path) -> Path:
     """One panel per benchmark's test accuracy (the held-out set first, where a reader looks first), then one per
-    monitored quantity, three to a row; one line per mode: the mean over seeds. Per-step curves are drawn as a moving average of
-    SMOOTHING steps over the raw mean, which stays faint behind it; each seed is a thin line."""
+    monitored quantity, three to a row; one line per mode: the mean over seeds. Per-step curves are drawn as a moving
+    average of SMOOTHING steps over the raw mean, which stays faint behind it; each seed is a thin line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,7 +152,7 @@ def compare_plot(runs: Runs, path: Path) -> Path:
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.6 * rows), dpi=110, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (key, title) in zip(axes.flat, panels):
+    for ax, (key, title) in zip(axes.flat, panels, strict=False):  # a last row may have panels to spare
         for mode, seeds in by_mode.items():
             # A no-action control is its mode's colour, dashed: the same run with the alarm only warning.
             color, style = COLORS.get(recipe_of(mode)), "--" if mode.endswith(NO_ACTION) else "-"
