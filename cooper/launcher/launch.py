@@ -212,5 +212,6 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     records = read_metrics(run_dir)
     plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
     print(summary_table(records))
-    print(f"\nrun directory: {run_dir}  (metrics.jsonl, tensorboard/, plot.png, checkpoints/, logs/)")
+    print(f"\nrun directory: {run_dir}  (metrics.jsonl, plot.png, checkpoints/, ...: docs/training.md, "
+          '"What a run writes")')
     return run_dir
