@@ -413,7 +413,8 @@ def _input_errors() -> tuple[type[Exception], ...]:
     return ConfigError, AnnotationInputError, BenchInputError, DatasetFormatError
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line as main() reads it; an unknown flag or argument exits 2 with argparse's message."""
     parser = _parser()
     # Overrides may follow options (`serve verifier --port 1 a.b=2`), which argparse alone leaves unparsed.
     args, rest = parser.parse_known_args(argv)
@@ -421,6 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = [*getattr(args, "overrides", []), *rest]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # `kill -USR1 PID` prints every thread's stack to stderr (a service's: to its log) and the process goes on:
     # where a process that seems stuck is, without stopping it or attaching a debugger. To descriptor 2, not

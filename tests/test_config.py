@@ -186,14 +186,12 @@ def help_examples() -> list[str]:
 
 
 def test_every_help_example_parses_and_its_config_loads():
-    from cooper.cli import _parser
+    from cooper.cli import parse_args
     from cooper.config import preset_path
 
     examples = help_examples()
     assert len(examples) >= 15 and "cooper train" in examples  # every subcommand's block was found
     for example in examples:
-        args, rest = _parser().parse_known_args(shlex.split(example)[1:])
-        assert [item for item in rest if item.startswith("-") or "=" not in item] == [], example
-        if getattr(args, "config", None) is not None or getattr(args, "overrides", None):
-            overrides = [*getattr(args, "overrides", []), *rest]
-            assert load_config(ROOT / preset_path(args.config or "tiny"), overrides, environ={}), example
+        args = parse_args(shlex.split(example)[1:])  # exits 2 on an unknown flag or argument
+        if getattr(args, "config", None) is not None or args.overrides:
+            assert load_config(ROOT / preset_path(args.config or "tiny"), args.overrides, environ={}), example
