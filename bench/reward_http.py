@@ -25,8 +25,9 @@ servers in one shuffled order): for the service, mosec and LitServe max batch in
 wait in --sweep-wait-ms (1,2,5 ms); model processes 1 and 2 for every server that has them (2 only where there are 2
 physical cores; a test holds every grid to the service's counts): the service's reward.model_copies, mosec's
 inference workers, LitServe's workers (workers_per_device) and the naive server's uvicorn workers; the service with 2
-and 3 batches in flight per model process (reward.batching.max_inflight); mosec's tokenizing stage in 1 and 2
-processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe with fast_queue off
+and 3 batches in flight per model process (reward.batching.max_inflight), spreading off and on
+(reward.batching.spread: a batch no larger than the outstanding items over the batch slots); mosec's tokenizing
+stage in 1 and 2 processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe with fast_queue off
 and on, and with 1 API server in front or as many as its workers (LitServe's default). vLLM has no batching timer
 (its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU documentation
 (docs/getting_started/installation/cpu.md, "Related runtime environment variables" and "Performance tips") names:
@@ -418,13 +419,14 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
     """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers; model
     processes (`service_copies`, those beyond one only where there are cores for them) for every server that has
     them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
-    workers; and each server's own knobs: the service's batches in flight, mosec's tokenizing stage (processes,
+    workers; and each server's own knobs: the service's batches in flight and spreading (on and off), mosec's tokenizing stage (processes,
     batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
     whatever has arrived at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
     processes = [n for n in service_copies if n == 1 or n <= cores]
     batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
     if name == "service":
-        return [dict(s, inflight=i, copies=n) for n in processes for i in service_inflight for s in batching]
+        return [dict(s, inflight=i, copies=n, spread=sp) for n in processes for i in service_inflight
+                for sp in (False, True) for s in batching]
     if name == "mosec":
         return [dict(s, workers=n, tokenizers=t, tokenize_batched=tb) for n in processes for t in processes
                 for tb in (False, True) for s in batching]
@@ -496,6 +498,8 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
             batching.append(f"reward.batching.max_inflight={setting['inflight']}")
         if "copies" in setting:
             batching.append(f"reward.model_copies={setting['copies']}")
+        if "spread" in setting:
+            batching.append(f"reward.batching.spread={str(setting['spread']).lower()}")
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
                 f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32", *batching]

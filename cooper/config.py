@@ -146,6 +146,12 @@ class BatchingConfig(StrictModel):
     max_wait_ms: float | None = Field(default=None, ge=0)
     """How long the first waiting request may wait for others to fill a batch; None: a quarter of one forward pass
     of the chosen batch, from the same calibration."""
+    spread: bool | None = None
+    """Cut each batch no larger than the items waiting and in flight shared over the batch slots (model_copies x
+    max_inflight), so that a few concurrent requests keep every model copy busy instead of filling one copy's batch
+    (and waiting max_wait_ms for more) while the others idle; a lone request goes to the model at once. None: on
+    where max_batch_size is chosen at start-up, off where it is set (then passes are cut alike whatever the load, for
+    scores the same bit for bit)."""
     max_inflight: int = Field(default=2, ge=1)
     """Batches handed to each model copy (reward.model_copies) and not yet answered: 2 keeps the next batch waiting
     at the model while one runs, so the model never idles through a round trip to the batching loop; more hide a

@@ -54,6 +54,8 @@ def test_litserve_gets_one_front_or_one_per_worker_and_mosec_a_swept_tokenizing_
     assert {(s["tokenizers"], s["tokenize_batched"]) for s in mosec} == {(1, False), (1, True), (2, False), (2, True)}
     assert reward_http.setting_env(mosec[-1])["COOPER_BENCH_TOKENIZE_BATCHED"] == "1"
     assert reward_http.settings_grid("default", [16], [2.0], cores=2) == [{}]  # the default sets nothing
+    service = reward_http.settings_grid("service", [16], [2.0], cores=2)
+    assert {s["spread"] for s in service} == {False, True}  # the default's way of cutting batches is swept too
 
 
 def test_vllm_gets_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:

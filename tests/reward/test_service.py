@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -295,6 +296,41 @@ def test_the_batcher_hands_the_model_at_most_max_inflight_batches_per_copy(infli
             await asyncio.sleep(0.01)
             assert len(handed) == min(6, slots + answered + 1)  # each answer frees one slot
         assert [await r for r in requests] == [([float(n)], 0) for n in range(6)]
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_spreading_cuts_batches_over_the_slots_instead_of_waiting_to_fill_one(spread: bool) -> None:
+    """12 one-item requests at once, 2 copies x 2 slots, max batch 64 and a 200 ms wait: spreading hands the model
+    4 batches of 3 at once (every copy busy, nobody waits); without it the 12 wait 200 ms for a batch of 64 that
+    never fills and go as one. A lone request with spreading goes at once."""
+    from cooper.services.reward.batcher import Batcher
+
+    async def main() -> None:
+        handed: list[tuple[list[int], float]] = []
+
+        async def run_batch(items: list[int]) -> tuple[list[float], int]:
+            handed.append((items, time.monotonic()))
+            await asyncio.sleep(0.01)
+            return [float(x) for x in items], 0
+
+        config = BatchingConfig(max_batch_size=64, max_wait_ms=200, max_inflight=2, spread=spread)
+        batcher = Batcher(run_batch, config, model_copies=2)
+        batcher.start()
+        start = time.monotonic()
+        results = await asyncio.gather(*(batcher.submit([n]) for n in range(12)))
+        assert [logits for logits, _ in results] == [[float(n)] for n in range(12)]
+        if spread:
+            assert [items for items, _ in handed] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+            assert max(at for _, at in handed) - start < 0.1
+            handed.clear()
+            start = time.monotonic()
+            assert await batcher.submit([99]) == ([99.0], 0)
+            assert handed[0][0] == [99] and handed[0][1] - start < 0.1
+        else:
+            assert [items for items, _ in handed] == [list(range(12))] and handed[0][1] - start >= 0.19
         await batcher.stop()
 
     asyncio.run(main())

@@ -56,12 +56,20 @@ def test_a_set_value_is_kept_and_an_unset_one_chosen(monkeypatch: pytest.MonkeyP
         raise AssertionError("nothing is timed when both are set")
 
     config = RewardConfig(batching=BatchingConfig(max_batch_size=16, max_wait_ms=3))
-    assert with_batching(config, never) == (config, [])
+    kept, reasons = with_batching(config, never)
+    assert reasons == [] and kept.batching == config.batching.model_copy(update={"spread": False})
+    # Spreading follows the choice of the batch where it is unset, and stays as set where it is set.
+    assert with_batching(RewardConfig(batching=BatchingConfig(max_batch_size=16, max_wait_ms=3, spread=True)),
+                         never)[0].batching.spread is True
+    chosen, reasons = with_batching(RewardConfig(batching=BatchingConfig(max_wait_ms=3)), lambda size: None)
+    assert chosen.batching.spread is True and reasons[0].startswith("spread=True")
+    assert with_batching(RewardConfig(batching=BatchingConfig(max_wait_ms=3, spread=False)),
+                         lambda size: None)[0].batching.spread is False
     # The batch set, the wait unset: the wait comes from a pass of the set batch.
     sizes: list[int] = []
     waited, reasons = with_batching(RewardConfig(batching=BatchingConfig(max_batch_size=16)), sizes.append)
     assert set(sizes) == {16} and waited.batching.max_batch_size == 16 and waited.batching.max_wait_ms is not None
-    assert len(reasons) == 1 and reasons[0].startswith("max_wait_ms=")
+    assert len(reasons) == 1 and reasons[0].startswith("max_wait_ms=") and waited.batching.spread is False
 
 
 def test_calibration_stops_past_the_peak() -> None:
@@ -93,4 +101,5 @@ def test_a_service_left_unset_calibrates_and_says_why(tmp_path: Path, caplog: py
     asyncio.run(main())
     logged = " ".join(r.getMessage() for r in caplog.records if "chosen at start-up" in r.getMessage())
     assert "max_batch_size=" in logged and "calibration, items/s by batch" in logged and "max_wait_ms=" in logged
+    assert "spread=True" in logged
     assert "model_copies=1: reward.model_process is off" in logged

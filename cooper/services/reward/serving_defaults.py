@@ -133,11 +133,19 @@ def with_model_copies(config: RewardConfig) -> tuple[RewardConfig, Chosen | None
 
 def with_batching(config: RewardConfig, forward: Callable[[int], object]) -> tuple[RewardConfig, list[str]]:
     """The config with the batch and wait chosen where they are unset, by timing `forward(batch_size)` (a forward
-    pass of that many CALIBRATION_TOKENS-token inputs), and the reasons ([] when both were set: nothing is timed)."""
+    pass of that many CALIBRATION_TOKENS-token inputs), and the reasons ([] when both were set: nothing is timed).
+    reward.batching.spread, where unset, follows whether the batch is chosen here."""
     batching = config.batching
-    if batching.max_batch_size is not None and batching.max_wait_ms is not None:
-        return config, []
     reasons = []
+    if batching.spread is None:
+        spread = batching.max_batch_size is None
+        batching = batching.model_copy(update={"spread": spread})
+        config = config.model_copy(update={"batching": batching})
+        if spread:
+            reasons.append("spread=True: with the batch chosen, each batch is cut no larger than the items waiting "
+                           "and in flight over the batch slots, so every model copy has work")
+    if batching.max_batch_size is not None and batching.max_wait_ms is not None:
+        return config, reasons
     if batching.max_batch_size is None:
         seconds = time_forward_passes(forward)
         batch = choose_batch(seconds)

@@ -181,7 +181,8 @@ class RewardHttpHandler:
         return protocol.ServingSettings(model_copies=config.model_copies,
                                         max_batch_size=config.batching.max_batch_size,
                                         max_wait_ms=config.batching.max_wait_ms,
-                                        max_inflight=config.batching.max_inflight)
+                                        max_inflight=config.batching.max_inflight,
+                                        spread=bool(config.batching.spread))
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""

@@ -44,6 +44,8 @@ class ServingSettings(BaseModel):
     max_batch_size: int = Field(description="most sequences in one forward pass (reward.batching.max_batch_size)")
     max_wait_ms: float = Field(description="how long a request may wait for others to join its batch")
     max_inflight: int = Field(description="batches handed to each model process and not yet answered")
+    spread: bool = Field(description="batches cut no larger than the items outstanding over the batch slots "
+                                     "(reward.batching.spread)")
 
 
 class ModelResponse(BaseModel):
