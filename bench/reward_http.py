@@ -820,4 +820,7 @@ def print_table(servers: dict[str, dict], ratios: dict[str, float | None], ceili
 
 
 if __name__ == "__main__":
+    # A SIGTERM (a `kill`, a CI timeout) unwinds like Ctrl-C, so the server under test is stopped (run_server's
+    # finally) instead of left serving in its own session, taking the cores of whatever runs next.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     main()
