@@ -10,6 +10,9 @@ wait for others (reward.batching.max_wait_ms). Each choice comes with the reason
   batch that reaches 0.9 of the best items/s measured (a larger one adds latency and, on a CPU, often lowers the
   rate as its activations leave the cache), and a wait of a quarter of that batch's forward pass (a request waits
   at most a quarter of the time it will then spend in the model, long enough for concurrent requests to join it).
+- **Spreading** (reward.batching.spread) on where the batch is chosen here: the calibration measures the model, not
+  the traffic, so the batcher caps each batch at the items outstanding over its slots (batcher.py): a batch chosen
+  larger than the clients can fill no longer leaves a model process idle while it waits to fill.
 
 Pure, but for `time_forward_passes`, which runs the forward function it is given and reads the clock.
 """
