@@ -34,6 +34,18 @@ Examples:
 """
 
 
+SERVE_EPILOG = """\
+Runs one service in this process until SIGTERM or Ctrl-C (then a graceful stop): gRPC on <service>.server.port with
+the standard health service, reflection and Prometheus metrics; the reward service also serves its HTTP API on
+reward.http.port (docs/reward-api.md), choosing at start-up the serving settings its config leaves unset and logging
+why. Without --config it takes the built-in defaults (the tiny models); --config takes a YAML file or a preset's
+name.
+Examples:
+  cooper serve verifier --port 50051
+  cooper serve reward --config tiny reward.http.port=8001
+  cooper serve reward reward.batching.max_batch_size=16 reward.batching.max_wait_ms=2
+"""
+
 TRAIN_EPILOG = """\
 With no arguments, `cooper train` runs the tiny preset on this machine: a tiny tokenizer and Qwen2 models (a
 warm-started policy and a pretrained VerifyRM, shipped with the package), an embedded Redis and the services it
@@ -276,9 +288,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run one service (gRPC; the reward service also serves HTTP)",
-                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("service", choices=sorted(SERVICES), help="which service to run")
-    serve.add_argument("--config", help="YAML config file")
+    serve.add_argument("--config", help="YAML config file or preset name in configs/ (default: the built-in "
+                                        "defaults, the tiny models)")
     serve.add_argument("--host", help="interface to bind (overrides <service>.server.host)")
     serve.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (overrides <service>.server.port)")
     serve.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
