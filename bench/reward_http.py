@@ -27,10 +27,11 @@ physical cores; a test holds every grid to the service's counts): the service's 
 inference workers, LitServe's workers (workers_per_device) and the naive server's uvicorn workers; the service with 2
 and 3 batches in flight per model process (reward.batching.max_inflight), spreading off and on
 (reward.batching.spread: a batch no larger than the outstanding items over the batch slots); mosec's tokenizing
-stage in 1 and 2 processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe with fast_queue off
-and on, and with 1 API server in front or as many as its workers (LitServe's default). vLLM has no batching timer
-(its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU documentation
-(docs/getting_started/installation/cpu.md, "Related runtime environment variables" and "Performance tips") names:
+stage in 1 and 2 processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe
+with fast_queue off and on, and with 1 API server in front or as many as its workers (LitServe's default). vLLM has
+no batching timer (its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU
+documentation (docs/getting_started/installation/cpu.md, "Related runtime environment variables" and "Performance
+tips") names:
 - VLLM_CPU_OMP_THREADS_BIND, the cores its OpenMP threads are bound to (one thread per core): "auto" (its default: a
   thread per physical core, less its reserved ones), the first --threads cores ("0" by default: the thread count every
   other server gets, the rest of the cores left to its HTTP front and tokenizing, as the docs advise for online
@@ -419,8 +420,8 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
     """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers; model
     processes (`service_copies`, those beyond one only where there are cores for them) for every server that has
     them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
-    workers; and each server's own knobs: the service's batches in flight and spreading (on and off), mosec's tokenizing stage (processes,
-    batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
+    workers; and each server's own knobs: the service's batches in flight and spreading (on and off), mosec's
+    tokenizing stage (processes, batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
     whatever has arrived at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
     processes = [n for n in service_copies if n == 1 or n <= cores]
     batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]

@@ -250,7 +250,7 @@ class Batcher:
         in flight: _queued_items counts both) shared over the slots, rounded up."""
         if not self.config.spread:
             return self.config.max_batch_size
-        return max(1, min(self.config.max_batch_size, -(-self._queued_items // self._slot_count)))
+        return max(1, min(self.config.max_batch_size, math.ceil(self._queued_items / self._slot_count)))
 
     async def _wait_for_batch(self, head: _Request) -> None:
         """Wait until a full batch waits or the head request has waited max_wait_ms."""

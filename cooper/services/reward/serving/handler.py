@@ -177,12 +177,12 @@ class RewardHttpHandler:
     def _serving_settings(self) -> protocol.ServingSettings:
         config = self.service.config
         assert config.model_copies is not None and config.batching.max_batch_size is not None
-        assert config.batching.max_wait_ms is not None  # RewardService.create chose what the config left unset
+        assert config.batching.max_wait_ms is not None and config.batching.spread is not None  # chosen at start-up
         return protocol.ServingSettings(model_copies=config.model_copies,
                                         max_batch_size=config.batching.max_batch_size,
                                         max_wait_ms=config.batching.max_wait_ms,
                                         max_inflight=config.batching.max_inflight,
-                                        spread=bool(config.batching.spread))
+                                        spread=config.batching.spread)
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""
