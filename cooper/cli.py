@@ -57,6 +57,7 @@ Examples:
   cooper train
   cooper train run.mode=static run.steps=10
   cooper train --config configs/qwen2.5-1.5b-cooper.yaml
+  cooper train --config smol-rule                     # a real pretrained model (requirements/smollm2.txt)
   cooper train --resume cooper-20261120-120000
   cooper train --in-process run.steps=3               # one process: the services' cores called directly
 """

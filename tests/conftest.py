@@ -23,11 +23,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Every model the suite loads by name, made ready before the first test, outside any test's time limit: most
     ship with the package and resolve at once; what does not (`small`) is built here into the session's cache, so
     that any subset of the suite, on a fresh checkout and a loaded machine, finds it built."""
+    from cooper.pretrained.smollm2 import MissingModelFile
     from cooper.runtime.models import BUILDERS, resolve_model
 
     for name in sorted(BUILDERS):
         for kind in ("causal", "reward"):
-            resolve_model(name, kind)
+            try:
+                resolve_model(name, kind)
+            except MissingModelFile:  # an environment without the real model's wheel (the vLLM tests' own)
+                break
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

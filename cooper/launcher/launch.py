@@ -93,7 +93,7 @@ def prepare_run(config: CooperConfig, resume: str | None) -> tuple[CooperConfig,
 
 
 def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
-    """Build the tiny preset's models here, before services start, so their start-up waits on nothing (the reward
+    """Build (or convert) the registered models here, before services start, so their start-up waits on nothing (the reward
     model too when `reward`, by default when the mode uses one). A service at an address (compose, Kubernetes)
     builds its own, in its own cache: doing it here too cost every orchestrator start a minute or more of CPU
     for models nothing here reads."""
@@ -105,7 +105,7 @@ def prepare_models(config: CooperConfig, reward: bool | None = None) -> None:
         wanted.append((config.reward.model, "reward"))
     for name, kind in wanted:
         if builds_locally(name):
-            log.info("preparing tiny model %s (shipped with the package, or built once and cached)", name)
+            log.info("preparing model %s (shipped with the package, or built or converted once and cached)", name)
             resolve_model(name, kind)
 
 

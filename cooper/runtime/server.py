@@ -44,6 +44,11 @@ def grpc_options(max_message_mb: int) -> list[tuple[str, Any]]:
     return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size)]
 
 
+def connection_age_grace_ms(deadline_s: float) -> int:
+    """How long a call may go on after its connection ages out: as long as a client waits on any call."""
+    return max(30_000, int(deadline_s * 1000))
+
+
 class _MetricsInterceptor(grpc.aio.ServerInterceptor):
     """Counts and times every unary call by method and status code."""
 
@@ -114,9 +119,12 @@ class GrpcService:
 
     async def start(self) -> int:
         # Connections are recycled every minute so that clients re-resolve DNS and spread over new replicas
-        # (the verifier's HPA adds pods; a long-lived channel would otherwise stick to the old ones).
+        # (the verifier's HPA adds pods; a long-lived channel would otherwise stick to the old ones). A call under
+        # way when its connection ages out may finish for as long as a client waits on one (deadline_s): with a
+        # shorter grace, any call over a minute and a half failed as UNAVAILABLE and was retried from the start,
+        # forever for a long one (the initial evaluation of a 135M-parameter policy on a CPU takes minutes).
         options = [*grpc_options(self.config.max_message_mb), ("grpc.max_connection_age_ms", 60_000),
-                   ("grpc.max_connection_age_grace_ms", 30_000)]
+                   ("grpc.max_connection_age_grace_ms", connection_age_grace_ms(self.config.deadline_s))]
         # The metrics interceptor comes first so that refused calls are counted too (code UNAUTHENTICATED).
         interceptors: list[grpc.aio.ServerInterceptor] = [_MetricsInterceptor(self.name)]
         if self.security.token is not None:
