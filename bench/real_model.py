@@ -146,8 +146,10 @@ def main() -> int:
         report["annotate"] = {}
         for split, source in (("train", train_triples), ("heldout", test_triples)):
             if not labelled[split].exists():
+                # Small chunks: one judge call per chunk must end within the generator's deadline on 2 cores.
                 counts, seconds = run_cli(["annotate", str(source), "-o", str(labelled[split]), "--config",
-                                           "smol-cooper", "--no-progress", *judge], work / f"annotate-{split}.log")
+                                           "smol-cooper", "--no-progress", "--chunk-size", "16", *judge],
+                                          work / f"annotate-{split}.log")
                 report["annotate"][split] = {**counts, "seconds": round(seconds, 1)}
 
     benchmark = work / "heldout-benchmark.jsonl"

@@ -216,6 +216,7 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     Services named by <service>.server.address are used as they are; the others start here on free loopback ports
     for the duration (their logs go to a temporary directory, and a start-up failure shows the log's tail).
     """
+    import grpc
     from tqdm import tqdm
 
     from cooper.config import with_overrides
@@ -243,7 +244,14 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
 
         def judge(chunk: Sequence[ScoreItem]) -> list[str]:
             items = [JudgeItem(question=t.question, reference=t.reference, completion=t.completion) for t in chunk]
-            return [Judgment.Name(r.verdict) for r in generator.judge(items)]
+            try:
+                return [Judgment.Name(r.verdict) for r in generator.judge(items)]
+            except grpc.RpcError as err:  # a judge too slow for the chunk is the common case: say what to change
+                raise RuntimeError(
+                    f"the generator's judge failed on a chunk of {len(chunk)} triples ({err.code().name}: "
+                    f"{err.details()}); a slow judge needs a smaller --chunk-size or a longer "
+                    f"generator.server.deadline_s (now {config.generator.server.deadline_s:g} s)"
+                ) from err
 
         kept, stats = annotate(triples, verify, judge, chunk_size, bar.update)
     write_annotated(output_path, kept)

@@ -61,6 +61,22 @@ def test_annotate_keeps_what_verifier_and_judge_agree_on(tmp_path: Path, chat_se
     assert len(script.requests) == len(CASES)  # one judge call per triple
 
 
+def test_a_judge_slower_than_the_deadline_is_a_clear_error(tmp_path: Path, chat_server: Any,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    base_url, script = chat_server
+    script.reset(default="Final Judgment: Yes", delay_s=3.0)
+    source = tmp_path / "triples.jsonl"
+    source.write_text(json.dumps({"question": "What is 2 + 3?", "reference": "5", "completion": "\\boxed{5}"}) + "\n")
+    code = main(["annotate", str(source), "-o", str(tmp_path / "labelled.jsonl"), "--no-progress",
+                 "generator.assistant.backend=openai", f"generator.assistant.base_url={base_url}",
+                 "generator.assistant.model_name=judge-7b", "generator.assistant.retries=0",
+                 "generator.server.deadline_s=1", "generator.server.unavailable_timeout_s=1"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "the generator's judge failed on a chunk of 1 triples (DEADLINE_EXCEEDED" in err
+    assert "--chunk-size" in err and "generator.server.deadline_s (now 1 s)" in err and "Traceback" not in err
+
+
 def test_bad_input_is_refused_with_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question": "q", "reference": "1", "completion": "c"}\n{"question": "q", \n')
