@@ -20,4 +20,7 @@ def _smollm2(kind: str) -> Path:
     return importlib.import_module("cooper.pretrained.smollm2").smollm2_dir(kind)
 
 
-register_models({"smollm2-135m-instruct": _smollm2})
+PRETRAINED = {"smollm2-135m-instruct": _smollm2}
+"""The real pretrained models by name."""
+
+register_models(PRETRAINED)

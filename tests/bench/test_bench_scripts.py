@@ -50,6 +50,11 @@ SCRIPTS = [
                  {"bench", "what", "rule", "cooper-reward-behind"}, id="rollouts_ahead"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
+    # The real model's path, its first two stages (sampling the policy's triples, annotating them with the model as
+    # its own judge); pretrain-rm, eval-rm and the training runs are the commands other tests run on this model
+    # (tests/orchestrator/test_real_model_train.py) and on the paper path (tests/orchestrator/test_paper_path.py).
+    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate"],
+                 {"model", "seed", "sample", "annotate", "seconds"}, id="real_model"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
                                 "--rounds", "1"], {"bench", "tokens_per_s", "ratio"},
                  marks=pytest.mark.vllm, id="rollout"),
