@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from checkpoint_holds import HeldWrites
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("COOPER_CACHE", str(ROOT / ".pytest_cache" / "cooper"))
@@ -76,18 +77,25 @@ def verifier_address(verifier_service) -> str:
 
 
 @pytest.fixture
-def held_checkpoint_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """Every checkpoint write (cooper/runtime/durability.py's, in its background thread) wait: the first event
-    is set when a write starts, and the writes go on once the test sets the second."""
+def hold_checkpoint_writes(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], HeldWrites]:
+    """`hold_checkpoint_writes(root)`: from now on, the checkpoint writes into `root` wait for the test (HeldWrites).
+    A held write that the test never releases fails its writer thread after 60 s."""
     from cooper.runtime import durability
 
-    write_started, release = threading.Event(), threading.Event()
     unheld_save = durability.save_checkpoint
+    holds: list[HeldWrites] = []
 
-    def held_save(*args: Any, **kwargs: Any) -> Path:
-        write_started.set()
-        assert release.wait(60)
-        return unheld_save(*args, **kwargs)
+    def held_save(root: Any, *args: Any, **kwargs: Any) -> Path:
+        for hold in holds:
+            if Path(root) == hold.root:
+                hold.started.set()
+                assert hold.release.wait(60), f"the held checkpoint write into {root} was never released"
+        return unheld_save(root, *args, **kwargs)
 
     monkeypatch.setattr(durability, "save_checkpoint", held_save)
-    return write_started, release
+
+    def hold(root: Path) -> HeldWrites:
+        holds.append(HeldWrites(root))
+        return holds[-1]
+
+    return hold

@@ -5,13 +5,13 @@ stopped, and answers a retried Train from the recorded result."""
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from checkpoint_holds import HeldWrites
 
 from cooper.config import PolicyConfig
 from cooper.runtime.checkpoint import complete_checkpoints, read_optimizer_state
@@ -91,20 +91,21 @@ def _assert_same_state(expected: PolicyCore, actual: PolicyCore) -> None:
 
 def test_a_background_save_writes_the_state_it_was_started_from(
         tmp_path: Path, make_config: Callable[..., PolicyConfig],
-        held_checkpoint_writes: tuple[threading.Event, threading.Event]) -> None:
+        hold_checkpoint_writes: Callable[[Path], HeldWrites]) -> None:
     """The write of checkpoint v3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
     It must still write v3 (snapshot_state's copy): the restart applies the journal of 4 and 5 on top of it."""
-    uninterrupted = PolicyCore(_config(make_config, tmp_path / "a"))
+    uninterrupted = PolicyCore(_config(make_config, tmp_path / "a"))  # its writes, into a/, are not held
     _train(uninterrupted, range(5))
-    uninterrupted.wait_for_saves()  # its own write has landed: the write held below is the other core's
+    uninterrupted.wait_for_saves()
+    assert [p.name for p in complete_checkpoints(tmp_path / "a")] == ["v00000003"]
 
-    write_started, release = held_checkpoint_writes
+    held = hold_checkpoint_writes(tmp_path / "b")
     config = _config(make_config, tmp_path / "b")
     stopped = PolicyCore(config)
     _train(stopped, range(3))  # save_every 3: v3 starts the background write
-    assert write_started.wait(60)
+    assert held.started.wait(60)
     _train(stopped, range(3, 5))  # while the writer waits
-    release.set()
+    held.release.set()
     stopped.wait_for_saves()
     assert [p.name for p in complete_checkpoints(tmp_path / "b")] == ["v00000003"]
     assert UpdateJournal(tmp_path / "b" / JOURNAL_DIR).versions() == [4, 5]

@@ -5,12 +5,13 @@ the same cooper/runtime/durability.py as the policy)."""
 from __future__ import annotations
 
 import shutil
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from checkpoint_holds import HeldWrites
 from reward_testkit import make_config, tiny_items, tiny_pairs
 
 from cooper.runtime.checkpoint import REWARD, complete_checkpoints, read_state
@@ -79,21 +80,21 @@ def test_a_restart_applies_the_journal_and_comes_back_bit_identical(tmp_path: Pa
 
 
 def test_a_background_save_writes_the_state_it_was_started_from(
-        tmp_path: Path, held_checkpoint_writes: tuple[threading.Event, threading.Event]) -> None:
+        tmp_path: Path, hold_checkpoint_writes: Callable[[Path], HeldWrites]) -> None:
     """The write of checkpoint 3 is held until updates 4 and 5 have changed the weights and AdamW moments in place.
     It must still write update 3's state (snapshot_state's copy): the restart applies the journal of 4 and 5 on top
     of it, so a checkpoint that had taken them in would come back with them applied twice."""
-    calm = RewardCore.load(journal_config(tmp_path / "calm"))
+    calm = RewardCore.load(journal_config(tmp_path / "calm"))  # its writes are not held
     apply(calm, range(5))
-    expected = state_of(calm)  # its own background write has landed: the writes held below are the other core's
+    expected = state_of(calm)
 
-    write_started, release = held_checkpoint_writes
     config = journal_config(tmp_path / "crash")
+    held = hold_checkpoint_writes(Path(config.checkpoint_dir))
     first = RewardCore.load(config)
     apply(first, range(3))  # save_every 3: update 3 starts the background write
-    assert write_started.wait(60)
+    assert held.started.wait(60)
     apply(first, range(3, 5))  # while the writer waits
-    release.set()
+    held.release.set()
     first.durable.wait()
     assert [path.name for path in complete_checkpoints(config.checkpoint_dir, REWARD)] == ["v00000003-u00000003"]
     assert UpdateJournal(Path(config.checkpoint_dir) / JOURNAL_DIR).versions() == [4, 5]
