@@ -336,6 +336,34 @@ def test_spreading_cuts_batches_over_the_slots_instead_of_waiting_to_fill_one(sp
     asyncio.run(main())
 
 
+def test_spreading_rounds_each_share_up_and_the_remainder_waits_out_the_wait() -> None:
+    """10 one-item requests over 4 slots: shares of ceil(10 / 4) = 3, so three batches of 3 go at once (rounded
+    down, five batches of 2 would need a fifth slot); the 1 left over is less than a share (the outstanding items
+    count those in flight) and waits max_wait_ms for company before it goes alone."""
+    from cooper.services.reward.batcher import Batcher
+
+    async def main() -> None:
+        handed: list[tuple[list[int], float]] = []
+
+        async def run_batch(items: list[int]) -> tuple[list[float], int]:
+            handed.append((items, time.monotonic()))
+            await asyncio.sleep(0.01)
+            return [float(x) for x in items], 0
+
+        config = BatchingConfig(max_batch_size=64, max_wait_ms=100, max_inflight=2, spread=True)
+        batcher = Batcher(run_batch, config, model_copies=2)
+        batcher.start()
+        start = time.monotonic()
+        results = await asyncio.gather(*(batcher.submit([n]) for n in range(10)))
+        assert [logits for logits, _ in results] == [[float(n)] for n in range(10)]
+        assert [items for items, _ in handed] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+        assert max(at for _, at in handed[:3]) - start < 0.05
+        assert handed[3][1] - start >= 0.09
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
 def test_a_request_whose_caller_went_away_part_way_stops_taking_the_model() -> None:
     """A caller cancelled after its first batch was handed to the model: the rest of its items are never batched,
     the request behind it is next, and the queue's count of waiting items is back to zero."""
