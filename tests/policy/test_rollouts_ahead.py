@@ -144,6 +144,14 @@ def test_a_rollout_behind_the_trainer_is_trained_with_truncated_importance_weigh
     assert metrics["rollout/is_weight_mean"] == pytest.approx(sum(expected) / len(expected), abs=1e-5)
     capped = sum(w >= cap for w in expected) / len(expected)
     assert 0 < capped < 1 and metrics["rollout/is_capped_fraction"] == pytest.approx(capped, abs=1e-9)
+    # The weights are in the loss, not only in the metrics: the same stale rollout under a cap no weight reaches
+    # moves the model elsewhere (a loss without the weights would move both alike).
+    uncapped = cores("uncapped", 1, grpo={"rollout_is_cap": 100.0})
+    assert _rollout(uncapped, 7, version=0) == stale
+    _train(uncapped, 0)
+    uncapped.train("ahead/stale", stale, REWARDS, group_size=4, sampled_version=0)
+    moved = [not torch.equal(p, q) for p, q in zip(ahead.model.parameters(), uncapped.model.parameters(), strict=True)]
+    assert any(moved)
     # The same completions sampled by the trainer's own version: every weight is 1.
     fresh = _rollout(ahead, 7, version=2)
     assert ahead.train("ahead/fresh", fresh, REWARDS, group_size=4, sampled_version=2).metrics[
