@@ -13,5 +13,5 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 # The tiny preset's model names ("tiny", "tiny-rm", ...) resolve in every process that imports cooper: the preset
 # registers them with cooper.runtime.models, and services resolve names there without importing it.
-import cooper.tiny  # noqa: E402, F401
 import cooper.pretrained  # noqa: E402, F401
+import cooper.tiny  # noqa: E402, F401

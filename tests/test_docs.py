@@ -4,8 +4,10 @@
 - Every `cooper SUBCOMMAND --flag` that README shows, in a code block or inline code, exists in that subcommand's
   `--help`.
 - Every measured figure README quotes in its prose and tables (a decimal, or a count of seconds, minutes, items/s, ms,
-  x or %) appears in a doc under docs/: README quotes, the docs hold the result with its command and machine, so
-  the two cannot drift apart. Code blocks (a command's sample output) and link targets are left out.
+  x or %) is held, with its unit and to README's digits, by the doc section its paragraph names in FIGURE_SOURCES:
+  README quotes, the docs hold the result with its command and machine, so the two cannot drift apart (a figure
+  anywhere in docs/ would not do: most numbers occur there somewhere). Code blocks (a command's sample output) and
+  link targets are left out.
 - No tracked text file carries words about the work rather than the product: numbered work sessions or tickets, a
   machine-local path. Each hit fails with `file:line: text`; such notes belong in commit messages.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,31 +60,108 @@ def test_a_broken_link_is_reported():
 
 FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(x\b|%| s\b| minutes\b| items/s\b| ms\b)?")
 
+# Where each README paragraph or table with figures has them from: its opening words -> the doc sections (file,
+# the start of the heading) that hold every figure it quotes, with the same unit, to the digits README gives (README's
+# 0.57x is a section's 0.567x). A paragraph with figures and no entry fails, as does an entry no paragraph opens with.
+FIGURE_SOURCES: dict[str, list[tuple[str, str]]] = {
+    "Each installs the exact versions": [("docs/development.md", "## The three commands")],
+    "It loads the tiny tokenizer": [("docs/benchmarks.md", "## The README's commands, timed")],
+    "It prints pytest's progress": [("docs/benchmarks.md", "## The README's commands, timed")],
+    "In a virtual environment of their own, vLLM's": [("docs/development.md", "## The three commands")],
+    "Its tests took": [("docs/benchmarks.md", "## The README's commands, timed")],
+    "`cooper train --config smol-rule`": [("docs/experiments.md", "## A real pretrained model, SmolLM2")],
+    "The tiny preset's VerifyRM (`tiny-rm-keyed`)": [("docs/experiments.md", "## A gentler VerifyRM")],
+    "| mode | held-out accuracy": [("docs/experiments.md", "## A gentler VerifyRM")],
+    '`"reproduced": true` on judged seeds': [("docs/experiments.md", "## A gentler VerifyRM"),
+                                             ("docs/experiments.md", "## The finding on a second CPU kind")],
+    "Every static and cooper run watches": [("docs/experiments.md", "## The alarm on real runs that set nothing"),
+                                            ("docs/alarm.md", "")],
+    "The paper presets (`qwen2.5-1.5b-rule`": [("docs/training.md", "")],
+    "`run.max_staleness=1` samples": [("docs/benchmarks.md", "## Rollouts one step ahead of training"),
+                                      ("docs/benchmarks.md", "## Where a cooper step's time goes")],
+    "| server | items/s | p99 ms": [("docs/benchmarks.md", "## The reward API against every peer, its defaults")],
+    "`cooper serve reward` with nothing set": [("docs/reward-api.md", "## The serving settings"),
+                                                ("docs/benchmarks.md", "## The reward API against every peer, its"),
+                                                ("docs/benchmarks.md", "## The reward API against every peer at its best")],
+    "Licensed under the Apache License": [("LICENSE", "")],
+}
 
-def unsourced_figures(readme: str, docs: str) -> list[str]:
-    """`line: figure` for each figure of README's prose that no doc holds (a bare integer, a count of seeds or
-    steps, is not a figure here; a decimal or a number with a unit is)."""
-    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), readme)
+
+def prose_of(markdown: str) -> str:
+    """The text figures are read from: code blocks blanked (line numbers kept), link targets and the paper's id out."""
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), markdown)
     prose = LINK.sub(lambda m: m.group(0).replace(m.group(1), ""), prose)  # link targets: addresses, file names
-    prose = re.sub(r"arXiv:? ?\d{4}\.\d{4,5}", "arXiv", prose)  # the paper's id, not a figure
-    problems = []
-    for match in FIGURE.finditer(prose):
-        number, unit = match.groups()
-        if ("." in number or unit) and number not in docs:
-            problems.append(f"{prose.count(chr(10), 0, match.start()) + 1}: {match.group(0)}")
-    return problems
+    return re.sub(r"arXiv:? ?\d{4}\.\d{4,5}", "arXiv", prose)
 
 
-def test_every_figure_readme_quotes_is_in_a_doc():
-    docs = "\n".join(path.read_text() for path in DOCS[1:])
-    assert unsourced_figures((ROOT / "README.md").read_text(), docs) == []
+def figures_of(text: str) -> list[tuple[str, str | None]]:
+    """(number, unit) of each figure: a decimal or a number with a unit (a bare integer, a count of seeds or steps,
+    is not a figure here)."""
+    return [(m.group(1), m.group(2)) for m in FIGURE.finditer(text) if "." in m.group(1) or m.group(2)]
 
 
-def test_a_figure_no_doc_holds_is_reported():
+def paragraphs(markdown: str) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph or table: runs of lines between blank lines and headings."""
+    found, lines, first = [], [], 0
+    for number, line in enumerate([*markdown.split("\n"), ""], 1):
+        if line.strip() and not line.startswith("#"):
+            first = first if lines else number
+            lines.append(line)
+        elif lines:
+            found.append((first, "\n".join(lines)))
+            lines = []
+    return found
+
+
+def section(markdown: str, heading: str) -> str:
+    """The text under the first heading that starts with `heading`, up to the next heading ("": the whole file)."""
+    if not heading:
+        return markdown
+    match = re.search(rf"^{re.escape(heading)}.*?$(.*?)(?=^#|\Z)", markdown, flags=re.M | re.S)
+    assert match, f"no heading starting {heading!r}"
+    return match.group(1)
+
+
+def holds(text: str, number: str, unit: str | None) -> bool:
+    """Whether `text` has a figure of the same unit that, rounded to the digits of `number`, is `number`."""
+    digits = len(number.partition(".")[2])
+    return any(u == unit and len(n.partition(".")[2]) >= digits and round(float(n), digits) == float(number)
+               for n, u in figures_of(text))
+
+
+def unsourced_figures(readme: str, sources: dict[str, list[tuple[str, str]]], read: Callable[[str], str]) -> list[str]:
+    """`line: figure` for each figure of README's prose that the sources of its paragraph do not hold, `line: ...`
+    for a paragraph with figures and no sources, and each source no paragraph opens with. `read(path)`: a doc."""
+    problems, used = [], set()
+    for line, text in paragraphs(prose_of(readme)):
+        figures = figures_of(text)
+        opening = next((key for key in sources if text.startswith(key)), None)
+        if opening is None:
+            problems += [f"{line}: {text[:40]}... has figures and no sources"] if figures else []
+            continue
+        used.add(opening)
+        held = [section(prose_of(read(path)), heading) for path, heading in sources[opening]]
+        problems += [f"{line}: {n}{u or ''}" for n, u in figures if not any(holds(t, n, u) for t in held)]
+    return problems + [f"a source for a paragraph that is not there: {key}" for key in sources if key not in used]
+
+
+def test_every_figure_readme_quotes_is_in_the_section_it_comes_from():
+    problems = unsourced_figures((ROOT / "README.md").read_text(), FIGURE_SOURCES, lambda p: (ROOT / p).read_text())
+    assert problems == []
+
+
+def test_a_figure_its_sources_do_not_hold_is_reported():
     readme = ("Intro (arXiv 2508.05613).\n\nIt took 12.5 s on 4 cores, [paper](https://arxiv.org/abs/2508.05613)."
-              "\n\n```\n9.99\n```\n0.731x\n")
-    assert unsourced_figures(readme, "measured 12.5 s") == ["8: 0.731x"]
-    assert unsourced_figures(readme, "12.5 s and 0.731x") == []
+              "\n\n```\n9.99\n```\nIt was 0.731x, 47 s.\n\nUnsourced 0.5.\n")
+    docs = {"a.md": "# A\nmeasured 12.5 s\n## B\n0.7312x in 47 s\n## C\n0.74x, 52 s, 12.5 s\n"}
+    sources = {"It took": [("a.md", "# A")], "It was": [("a.md", "## C")], "Gone": [("a.md", "")]}
+    assert unsourced_figures(readme, sources, docs.__getitem__) == [
+        "8: 0.731x", "8: 47 s", "10: Unsourced 0.5.... has figures and no sources",
+        "a source for a paragraph that is not there: Gone"]
+    sources["It was"] = [("a.md", "## B")]  # to README's digits, with its unit
+    assert unsourced_figures(readme, sources, docs.__getitem__)[:2] == ["10: Unsourced 0.5.... has figures and no "
+                                                                        "sources", "a source for a paragraph that is "
+                                                                        "not there: Gone"]
 
 
 # --- README's cooper commands ------------------------------------------------------------------------------------
