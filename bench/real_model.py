@@ -11,7 +11,8 @@ again (delete its file to redo it):
    engine, the preset's prompt, chat template and sampling), as triples (question, reference, completion);
 2. annotate: `cooper annotate` labels each triple with the rule verifier and an LLM judge (the same model, on
    Cooper's transformers assistant) and keeps those both agree on: the training triples and, apart, the held-out
-   ones, which are the benchmark of stage 4 (labels = where verifier and judge agree);
+   ones, which are the benchmark of stage 4 (labels = where verifier and judge agree). With --without-judge the
+   verifier labels them alone (SmolLM2-135M-Instruct as a judge gives no `Final Judgment` verdicts);
 3. pretrain-rm: `cooper pretrain-rm` trains VerifyRM from the model with a fresh one-output head on the training
    triples;
 4. eval-rm: `cooper eval-rm` scores the held-out triples (AUROC between the right and wrong completions), for the
@@ -121,6 +122,8 @@ def main() -> int:
     parser.add_argument("--test-problems", type=int, default=48, help="held-out problems sampled for eval-rm")
     parser.add_argument("--modes", default=",".join(MODES), help="training runs of stage 5 (default all three)")
     parser.add_argument("--stages", default="sample,annotate,pretrain,eval,train", help="stages to run, in order")
+    parser.add_argument("--without-judge", action="store_true",
+                        help="annotate with the verifier alone (cooper annotate --without-judge)")
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()
     work = Path(args.work)
@@ -128,7 +131,8 @@ def main() -> int:
     if args.smoke:
         args.train_problems, args.test_problems, args.steps = 4, 2, 2
     small = [f"run.steps={args.steps}"] + (["data.tiny_test_size=4"] if args.smoke else [])
-    judge = [f"generator.assistant.model={MODEL}", "generator.judge_max_tokens=160"]
+    judge = ["--without-judge"] if args.without_judge else [f"generator.assistant.model={MODEL}",
+                                                            "generator.judge_max_tokens=160"]
     stages = args.stages.split(",")
     report: dict[str, Any] = {"model": MODEL, "seed": args.seed}
     started = time.monotonic()

@@ -1,7 +1,9 @@
 """Hybrid annotation and VerifyRM pre-training (docs/design.md section 2.5): how the first VerifyRM is made.
 
 The rule verifier and an LLM judge each label every (question, reference, completion) triple; a triple is kept,
-with that label, only when both give one and they agree (paper: 65K triples -> 58.7K). The kept triples train the
+with that label, only when both give one and they agree (paper: 65K triples -> 58.7K). Without a judge (none at
+hand, or one too small to give verdicts: SmolLM2-135M-Instruct gives none) every triple the verifier labels is kept
+with its label: the verifier's blind spots (answers it cannot parse) then go into VerifyRM unchecked. The kept triples train the
 initial VerifyRM with BCE (paper: lr 2e-5, 3 epochs), which `reward.model` then names.
 
 `annotate` is a pure loop over two labelling functions (the CLI passes gRPC calls to the verifier and the
@@ -11,6 +13,7 @@ the kept triples with `label` (true = correct) and both verdicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -39,7 +42,7 @@ class AnnotationInputError(ValueError):
 class Annotated:
     triple: ScoreItem
     verifier: str
-    judge: str
+    judge: str | None  # None: labelled without a judge
 
     @property
     def label(self) -> bool | None:
@@ -63,9 +66,13 @@ class AnnotationStats:
         return {**asdict(self), "agreed": self.agreed}
 
 
-def agreed_label(verifier: str, judge: str) -> bool | None:
-    """True or False when the verifier and the judge both label the triple and agree; None otherwise."""
-    by_verifier, by_judge = VERIFIER_LABELS.get(verifier), JUDGE_LABELS.get(judge)
+def agreed_label(verifier: str, judge: str | None) -> bool | None:
+    """True or False when the verifier and the judge both label the triple and agree, or the verifier labels it and
+    there is no judge (None); None otherwise."""
+    by_verifier = VERIFIER_LABELS.get(verifier)
+    if judge is None:
+        return by_verifier
+    by_judge = JUDGE_LABELS.get(judge)
     if by_verifier is None or by_judge is None or by_verifier != by_judge:
         return None
     return by_verifier
@@ -113,24 +120,27 @@ def read_labelled(path: str | Path) -> list[tuple[ScoreItem, bool]]:
 def annotate(
     triples: Sequence[ScoreItem],
     verify: Callable[[Sequence[ScoreItem]], list[str]],
-    judge: Callable[[Sequence[ScoreItem]], list[str]],
+    judge: Callable[[Sequence[ScoreItem]], list[str]] | None,
     chunk_size: int = 64,
     on_chunk: Callable[[int], None] | None = None,
 ) -> tuple[list[Annotated], AnnotationStats]:
-    """Label every triple with both functions, chunk by chunk; the kept ones (in input order) and the counts."""
+    """Label every triple with both functions (the verifier alone where `judge` is None), chunk by chunk; the kept
+    ones (in input order) and the counts."""
     kept: list[Annotated] = []
     stats = AnnotationStats()
     for start in range(0, len(triples), chunk_size):
         chunk = triples[start : start + chunk_size]
-        verdicts, judgments = verify(chunk), judge(chunk)
+        verdicts = verify(chunk)
+        judgments: list[str | None] = [None] * len(chunk) if judge is None else list(judge(chunk))
         if len(verdicts) != len(chunk) or len(judgments) != len(chunk):
             raise RuntimeError(f"expected {len(chunk)} verdicts from each labeller, got {len(verdicts)} and "
                                f"{len(judgments)}")
         for triple, verdict, judgment in zip(chunk, verdicts, judgments, strict=True):
             stats.total += 1
-            by_verifier, by_judge = VERIFIER_LABELS.get(verdict), JUDGE_LABELS.get(judgment)
+            by_verifier = VERIFIER_LABELS.get(verdict)
+            by_judge = by_verifier if judgment is None else JUDGE_LABELS.get(judgment)
             stats.verifier_labelled += by_verifier is not None
-            stats.judge_labelled += by_judge is not None
+            stats.judge_labelled += judgment is not None and by_judge is not None
             if by_verifier is None or by_judge is None:
                 continue
             if by_verifier != by_judge:
@@ -210,8 +220,9 @@ def pretrain_reward_model(
 
 
 def run_annotation(config: Any, input_path: str | Path, output_path: str | Path, chunk_size: int = 64,
-                   progress: bool = True) -> AnnotationStats:
-    """`cooper annotate`: label the input with the verifier and the generator's judge, write the kept triples.
+                   progress: bool = True, with_judge: bool = True) -> AnnotationStats:
+    """`cooper annotate`: label the input with the verifier and the generator's judge (the verifier alone without
+    `with_judge`: no generator starts), write the kept triples.
 
     Services named by <service>.server.address are used as they are; the others start here on free loopback ports
     for the duration (their logs go to a temporary directory, and a start-up failure shows the log's tail).
@@ -228,21 +239,25 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
     from cooper.services.verifier.messages import Verdict
 
     triples = read_triples(input_path)
-    names = ("verifier", "generator")
+    names = ("verifier", "generator") if with_judge else ("verifier",)
     local = [f"{name}.server.{key}={value}" for name in names if not getattr(config, name).server.address
              for key, value in (("host", "127.0.0.1"), ("port", 0), ("metrics_port", "null"))]
     config = with_overrides(config, local)
-    with tempfile.TemporaryDirectory(prefix="cooper-annotate-") as tmp, \
-            LocalServices(config, write_configs(config, Path(tmp)), Path(tmp), names) as services, \
-            VerifierClient(services.addresses["verifier"], config.verifier.server, config.security) as verifier, \
-            GeneratorClient(services.addresses["generator"], config.generator.server, config.security) as generator, \
-            tqdm(total=len(triples), desc="annotating", unit="triple", disable=not progress) as bar:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="cooper-annotate-"))
+        services = stack.enter_context(LocalServices(config, write_configs(config, Path(tmp)), Path(tmp), names))
+        verifier = stack.enter_context(VerifierClient(services.addresses["verifier"], config.verifier.server,
+                                                      config.security))
+        generator = stack.enter_context(GeneratorClient(services.addresses["generator"], config.generator.server,
+                                                        config.security)) if with_judge else None
+        bar = stack.enter_context(tqdm(total=len(triples), desc="annotating", unit="triple", disable=not progress))
 
         def verify(chunk: Sequence[ScoreItem]) -> list[str]:
             results = verifier.verify_pairs([(t.completion, t.reference) for t in chunk])
             return [Verdict.Name(r.verdict) for r in results]
 
         def judge(chunk: Sequence[ScoreItem]) -> list[str]:
+            assert generator is not None
             items = [JudgeItem(question=t.question, reference=t.reference, completion=t.completion) for t in chunk]
             try:
                 return [Judgment.Name(r.verdict) for r in generator.judge(items)]
@@ -253,6 +268,6 @@ def run_annotation(config: Any, input_path: str | Path, output_path: str | Path,
                     f"generator.server.deadline_s (now {config.generator.server.deadline_s:g} s)"
                 ) from err
 
-        kept, stats = annotate(triples, verify, judge, chunk_size, bar.update)
+        kept, stats = annotate(triples, verify, judge if with_judge else None, chunk_size, bar.update)
     write_annotated(output_path, kept)
     return stats

@@ -172,10 +172,16 @@ def _annotate(args: argparse.Namespace) -> int:
 
     from cooper.annotation import run_annotation
 
-    stats = run_annotation(config, args.input, args.output, args.chunk_size, progress=not args.no_progress)
-    print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled}, the judge {stats.judge_labelled}; "
-          f"they agreed on {stats.agreed} ({stats.kept_correct} correct, {stats.kept_incorrect} incorrect) and "
-          f"disagreed on {stats.disagreed}; {stats.agreed} written to {args.output}")
+    stats = run_annotation(config, args.input, args.output, args.chunk_size, progress=not args.no_progress,
+                           with_judge=not args.without_judge)
+    if args.without_judge:
+        print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled} ({stats.kept_correct} correct, "
+              f"{stats.kept_incorrect} incorrect), no judge; {stats.agreed} written to {args.output}")
+    else:
+        print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled}, the judge "
+              f"{stats.judge_labelled}; they agreed on {stats.agreed} ({stats.kept_correct} correct, "
+              f"{stats.kept_incorrect} incorrect) and disagreed on {stats.disagreed}; {stats.agreed} written to "
+              f"{args.output}")
     print(json.dumps({"input": args.input, "output": args.output, **stats.as_dict()}))
     return 0
 
@@ -338,6 +344,9 @@ def _parser() -> argparse.ArgumentParser:
     annotate.add_argument("input", help="JSON Lines: question, reference (or answer), completion")
     annotate.add_argument("-o", "--output", required=True, help="where the kept triples go (JSON Lines)")
     annotate.add_argument("--chunk-size", type=int, default=64, help="triples per verifier and judge call")
+    annotate.add_argument("--without-judge", action="store_true",
+                          help="label by the verifier alone and keep every triple it labels (no generator starts): "
+                               "where no judge is at hand, or one too small to give verdicts")
     _add_config_options(annotate, "generator.assistant.backend=openai", progress="no progress bar")
 
     pretrain = sub.add_parser(

@@ -61,6 +61,29 @@ def test_annotate_keeps_what_verifier_and_judge_agree_on(tmp_path: Path, chat_se
     assert len(script.requests) == len(CASES)  # one judge call per triple
 
 
+def test_without_a_judge_every_triple_the_verifier_labels_is_kept(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """--without-judge: no generator starts (an unreachable judge would fail the run), and the six triples the
+    verifier labels are kept with its label; F, where it finds no answer, is not."""
+    assert agreed_label("CORRECT", None) is True and agreed_label("INCORRECT", None) is False
+    assert agreed_label("NO_ANSWER", None) is None
+    source = tmp_path / "triples.jsonl"
+    source.write_text("".join(json.dumps({"question": "What is 2 + 3?", "reference": "5", "completion": c}) + "\n"
+                              for c, _ in CASES))
+    output = tmp_path / "labelled.jsonl"
+    code = main(["annotate", str(source), "-o", str(output), "--chunk-size", "3", "--no-progress", "--without-judge",
+                 "generator.assistant.backend=openai", "generator.assistant.base_url=http://127.0.0.1:9/v1"])
+    assert code == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert "no judge; 6 written" in printed[0]
+    stats = json.loads(printed[-1])
+    assert (stats["verifier_labelled"], stats["judge_labelled"], stats["agreed"], stats["disagreed"]) == (6, 0, 6, 0)
+    kept = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["completion"] for row in kept] == [c for c, _ in CASES if "(case F)" not in c]
+    assert all(row["judge"] is None for row in kept)
+    assert [label for _, label in read_labelled(output)] == [row["verifier"] == "CORRECT" for row in kept]
+
+
 def test_a_judge_slower_than_the_deadline_is_a_clear_error(tmp_path: Path, chat_server: Any,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     base_url, script = chat_server
