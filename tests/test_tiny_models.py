@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,27 @@ def test_every_name_the_presets_use_loads_the_shipped_weights_without_building(t
         for kind in ("causal", "reward"):
             assert Path(resolve_model(name, kind)).parent == models.SHIPPED, (name, kind)
     assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+def test_a_shipped_file_that_differs_from_its_manifest_is_an_error_naming_it(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = tmp_path / models.TINY_VERSION
+    shutil.copytree(models.SHIPPED, shipped)
+    monkeypatch.setattr(models, "SHIPPED", shipped)
+    models.verified_shipped.cache_clear()
+    try:
+        assert resolve_model("tiny-rm", "reward") == str(shipped / "reward-pretrained")  # intact: loads
+        weights = shipped / "policy-sft" / "model.safetensors"
+        damaged = bytearray(weights.read_bytes())
+        damaged[-1] ^= 1  # one bit of one weight
+        weights.write_bytes(bytes(damaged))
+        with pytest.raises(models.ShippedModelDamaged, match=r"policy-sft/model.safetensors differs from the SHA-256"):
+            resolve_model("tiny-sft", "causal")
+        (shipped / "reward-pretrained-keyed" / "tokenizer.json").unlink()
+        with pytest.raises(models.ShippedModelDamaged, match=r"reward-pretrained-keyed/tokenizer.json is missing"):
+            resolve_model("tiny-rm-keyed", "reward")
+    finally:
+        models.verified_shipped.cache_clear()
 
 
 @pytest.mark.slow

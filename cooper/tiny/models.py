@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -38,11 +39,41 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 
+class ShippedModelDamaged(RuntimeError):
+    """A shipped model's files are not those its manifest names; the message names the file."""
+
+
 @functools.cache  # read once per process: every name a service resolves asks
+def _shipped_manifest() -> dict[str, dict[str, str]]:
+    """name -> {file name: SHA-256} of the built models shipped with this TINY_VERSION ({} without a shipped set)."""
+    manifest = SHIPPED / "manifest.json"
+    return json.loads(manifest.read_text())["models"] if manifest.is_file() else {}
+
+
 def shipped_names() -> list[str]:
     """The names of the built models shipped with this TINY_VERSION (none when the package has no shipped set)."""
-    manifest = SHIPPED / "manifest.json"
-    return sorted(json.loads(manifest.read_text())["models"]) if manifest.is_file() else []
+    return sorted(_shipped_manifest())
+
+
+@functools.cache  # once per name and process: 4 MB of files in all, read in milliseconds
+def verified_shipped(name: str) -> Path:
+    """The shipped model's directory, once every file in it is the one manifest.json names (SHA-256): a damaged or
+    edited install is an error naming the file, not a model that quietly loads other weights."""
+    directory, expected = SHIPPED / name, _shipped_manifest()[name]
+    present = {p.name for p in directory.iterdir() if p.is_file()} if directory.is_dir() else set()
+    for file in sorted(expected.keys() | present):
+        path = directory / file
+        if file not in present:
+            problem = "is missing"
+        elif file not in expected:
+            problem = "is not in the manifest"
+        elif hashlib.sha256(path.read_bytes()).hexdigest() != expected[file]:
+            problem = "differs from the SHA-256 manifest.json gives it"
+        else:
+            continue
+        raise ShippedModelDamaged(f"{path} {problem}: the installed package is damaged or was edited; reinstall "
+                                  f"Cooper (pip install --force-reinstall --no-deps <the package>)")
+    return directory
 
 
 @contextlib.contextmanager
@@ -60,7 +91,7 @@ def building_locally() -> Iterator[None]:
 def build_tiny(name: str, build: Callable[[Path], None]) -> Path:
     """The tiny preset's model `name`: the shipped one, else built once into the cache of this TINY_VERSION."""
     if not _build_here and name in shipped_names():
-        return SHIPPED / name
+        return verified_shipped(name)
     return build_once(cache_root() / "tiny" / TINY_VERSION / name, build)
 
 

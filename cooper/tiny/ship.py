@@ -38,7 +38,10 @@ SHIPPED_BUILDS: dict[str, Callable[[], Path]] = {
     "policy-sft-hd32": warm_start.tiny_sft_hd32_policy_dir,
 }
 """Directory name in the shipped set -> the builder that makes it. `small` (16 MB a model, random, for benchmarks
-only) is built where it is used."""
+only) is built where it is used. Every file is checked against manifest.json's SHA-256 when a process first
+resolves its model (models.verified_shipped). The slow test (tests/test_tiny_models.py) rebuilds policy-sft and
+two of the VerifyRMs and checks their quality; reward-pretrained-noisy and policy-sft-hd32 are derived, the same
+builders with one input changed (flipped labels; the head_dim-32 base), and are checked by their hashes only."""
 
 QUALITY_PROMPTS, QUALITY_K = 128, 4
 """Held-out problems and samples of each that quality() measures the SFT policy and the VerifyRMs on."""
