@@ -223,10 +223,10 @@ class HackingAlarm:
         if self.bound is None and _defined(rate) and negatives:
             self.bound = false_positive_bound(float(rate), int(negatives),
                                               self.settings.false_positive_margin)
-        groups = step_groups(record)
-        if self.bound is None or groups is None:
+        bets = step_groups(record)
+        if self.bound is None or bets is None:
             return
-        evidence = ExploitCheck(self.bound).evidence(groups)
+        evidence = ExploitCheck(self.bound).evidence(*bets)
         self.exploit_sum = max(0.0, self.exploit_sum + evidence)
         self.exploit_recent = (self.exploit_recent + [evidence])[-self.settings.clear_steps :]
 

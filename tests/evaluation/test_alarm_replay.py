@@ -7,8 +7,8 @@ threshold on real runs fails here, without retraining. A setting changed on the 
 reproduced, so the comparison cannot pass by comparing nothing.
 
 The three runs acting with the absolute check on were recorded when it counted every wrong rollout as an independent
-trial; it now counts prompts (cooper/evaluation/exploit_check.py), and their records carry only each step's totals,
-which it weighs as one trial a step. They replay to the raises pinned in COUNTED_PER_STEP, not to the ones they
+trial; it now bets per prompt (cooper/evaluation/exploit_check.py), and their records carry only each step's totals,
+which it weighs as one bet a step. They replay to the raises pinned in COUNTED_PER_STEP, not to the ones they
 recorded (steps 2-3).
 """
 
@@ -22,10 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "bench" / "data" / "alarm-runs"
-# run -> its raises replayed: a step of totals is one trial, so the hack present from step 0 is found at 41-45
-COUNTED_PER_STEP = {"static-tiny-rm-keyed-act-absolute-150steps-s621": [41],
-                    "static-tiny-rm-keyed-act-absolute-150steps-s622": [45],
-                    "static-tiny-rm-keyed-act-absolute-150steps-s623": [43]}
+# run -> its raises replayed: a step of totals is one bet over all its rollouts, so the hack present from step 0 is
+# found at 38-40 (41-45 when a prompt's share was its trial)
+COUNTED_PER_STEP = {"static-tiny-rm-keyed-act-absolute-150steps-s621": [38],
+                    "static-tiny-rm-keyed-act-absolute-150steps-s622": [39],
+                    "static-tiny-rm-keyed-act-absolute-150steps-s623": [40]}
 
 
 def replay(*overrides: str) -> dict:
