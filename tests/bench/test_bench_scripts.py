@@ -48,6 +48,7 @@ SCRIPTS = [
     pytest.param("rollouts_ahead.py", ["--rounds", "1", "--steps", "1", "--warmup", "1", "--settings",
                                        "rule,cooper-reward-behind"],
                  {"bench", "what", "rule", "cooper-reward-behind"}, id="rollouts_ahead"),
+    pytest.param("mutants.py", ["--only", "batch-target-floor"], {"mutants", "survived"}, id="mutants"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
     # The real model's path, its first two stages (sampling the policy's triples, annotating them with the model as

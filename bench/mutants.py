@@ -1,0 +1,151 @@
+"""Mutations of Cooper's core promises, each made in a scratch copy of the checkout and run against the tests that
+should catch it: a mutant the tests miss is a hole (docs/development.md, "What the tests are checked against").
+
+    python bench/mutants.py                       # every mutant: minutes each on 2 cores, so run by hand, not in CI
+    python bench/mutants.py --only batch-target-floor,is-weights-dropped
+    python bench/mutants.py --list
+
+Each mutant replaces one exact piece of code (it must occur exactly once, so the table cannot go stale silently)
+and names the tests that must fail. The scratch copy is the checkout's tracked files as they are now (`git ls-files`,
+uncommitted edits included), with the model cache shared; the named tests must pass on it unmutated first. Prints a line per mutant, then one JSON object: per mutant
+whether the tests caught it, and the count of survivors; exits 1 if any survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+README_TEST = "tests/test_docs.py::test_every_figure_readme_quotes_is_in_the_section_it_comes_from"
+MUTANTS = [
+    Mutant("readme-install-seconds", "README.md", "installing took 52 s", "installing took 47 s", (README_TEST,),
+           "a README figure changed to one no doc section holds"),
+    Mutant("readme-first-command-seconds", "README.md", "directory, 230 s", "directory, 317 s", (README_TEST,),
+           "a README figure changed to one no doc section holds"),
+    Mutant("readme-staleness-ratio", "README.md", "takes 0.57x the", "takes 0.61x the", (README_TEST,),
+           "a README ratio changed (its section says 0.567x)"),
+    Mutant("readme-serving-ratio", "README.md", "it served 0.93x its", "it served 0.81x its", (README_TEST,),
+           "a README ratio changed (its section says 0.93x)"),
+    Mutant("batch-target-floor", "cooper/services/reward/batcher.py",
+           "math.ceil(self._queued_items / self._slot_count)", "math.floor(self._queued_items / self._slot_count)",
+           ("tests/reward/test_service.py::test_spreading_rounds_each_share_up_and_the_remainder_waits_out_the_wait",),
+           "spreading's share of the outstanding items rounded down"),
+    Mutant("batch-choice-largest", "cooper/services/reward/serving_defaults.py",
+           "size = min(s for s, rate in rates.items() if rate >= GOOD_ENOUGH * best)", "size = max(rates)",
+           ("tests/reward/test_serving_defaults.py::test_the_choice_is_what_the_timings_imply",
+            "tests/reward/test_serving_defaults.py::test_the_batch_is_the_smallest_within_a_tenth_of_the_best_rate"),
+           "the calibration takes the largest batch timed"),
+    Mutant("snapshot-shares-live-tensors", "cooper/runtime/checkpoint.py",
+           'copies[key] = node.detach().to("cpu", copy=True)', "copies[key] = node.detach()",
+           ("tests/policy/test_policy_journal.py::test_a_background_save_writes_the_state_it_was_started_from",
+            "tests/reward/test_reward_journal.py::test_a_background_save_writes_the_state_it_was_started_from"),
+           "a background checkpoint write reads weights training changes in place"),
+    Mutant("is-weights-dropped", "cooper/services/policy/trainer.py",
+           "                              token_is_weights(old, batch, self.settings))",
+           "                              None)",
+           ("tests/policy/test_rollouts_ahead.py::"
+            "test_a_rollout_behind_the_trainer_is_trained_with_truncated_importance_weights",),
+           "the truncated importance weights left out of the loss (still reported)"),
+    Mutant("exploit-check-per-prompt-share", "cooper/evaluation/exploit_check.py",
+           "        return sum(math.log1p(stake * (accepted - self.bound * wrong)) for accepted, wrong in groups if wrong)",
+           "        p1 = self.bound + 0.15\n"
+           "        return sum(accepted / wrong * math.log(p1 * (1 - self.bound) / (self.bound * (1 - p1)))\n"
+           "                   + math.log((1 - p1) / (1 - self.bound)) for accepted, wrong in groups if wrong)",
+           ("tests/evaluation/test_alarm_exploit_check.py::"
+            "test_false_alarms_at_the_bound_stay_within_the_promise_however_a_prompts_rollouts_go_together",),
+           "the absolute check back to one trial per prompt, its share accepted as the outcome"),
+    Mutant("shipped-hashes-unchecked", "cooper/tiny/models.py",
+           "    for file in sorted(expected.keys() | present):", "    for file in []:",
+           ("tests/test_tiny_models.py::test_a_shipped_file_that_differs_from_its_manifest_is_an_error_naming_it",),
+           "a shipped model's files loaded without their manifest's hashes"),
+]
+
+
+def scratch_copy(into: Path) -> Path:
+    """The checkout's tracked files, as they are in the working tree, under `into`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, (f.decode() for f in files)):
+        source, target = ROOT / name, into / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    path = tree / mutant.file
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        raise SystemExit(f"{mutant.name}: the code it replaces occurs {text.count(mutant.old)} times in "
+                         f"{mutant.file}, not once: update bench/mutants.py")
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def run_tests(mutant: Mutant, tree: Path, timeout_s: float) -> tuple[bool, float, str]:
+    """(caught, seconds, the tail of pytest's output): caught when the named tests fail (exit 1)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "COOPER_CACHE": os.environ.get(
+        "COOPER_CACHE", str(ROOT / ".pytest_cache" / "cooper"))}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+    return done.returncode == 1, round(time.monotonic() - started, 1), tail[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated mutant names (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and the tests that must catch them")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds for one mutant's tests")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {m.name for m in MUTANTS}
+    if unknown:
+        parser.error(f"no mutant named {', '.join(sorted(unknown))}; --list names them")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.what} ({m.file}) -> {', '.join(m.tests)}")
+        return 0
+    # The named tests first pass on an unmutated copy: a mutant "caught" by tests that fail anyway proves nothing.
+    union = Mutant("unmutated", "", "", "", tuple(dict.fromkeys(t for m in chosen for t in m.tests)), "")
+    with tempfile.TemporaryDirectory(prefix="cooper-mutant-") as scratch:
+        failed, seconds, tail = run_tests(union, scratch_copy(Path(scratch)), args.timeout)
+    if failed or "passed" not in tail:
+        raise SystemExit(f"the tests fail without a mutant ({tail}): fix them first")
+    print(f"unmutated: the {len(union.tests)} tests pass in {seconds} s", flush=True)
+    results = {}
+    for mutant in chosen:
+        with tempfile.TemporaryDirectory(prefix="cooper-mutant-") as scratch:
+            tree = scratch_copy(Path(scratch))
+            apply(mutant, tree)
+            caught, seconds, tail = run_tests(mutant, tree, args.timeout)
+        results[mutant.name] = {"caught": caught, "seconds": seconds}
+        print(f"{mutant.name}: {'caught' if caught else 'SURVIVED'} in {seconds} s ({tail})", flush=True)
+    survived = [name for name, r in results.items() if not r["caught"]]
+    print(json.dumps({"mutants": results, "survived": survived}))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
