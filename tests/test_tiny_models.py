@@ -28,7 +28,7 @@ ACCURACY_ALLOWANCE = 0.1
 AUROC_ALLOWANCE = 0.05
 # tiny-rm's AUROC over all completions ranks the bare answers too, of which 31 are right: a rebuild on an Intel Xeon
 # (2 cores, AVX-512) read 0.8838 against the shipped set's 0.9399 (built on an AMD EPYC, AVX2), the same on two
-# machines of that kind (2026-12-04), while its worked-solution AUROC stayed at 1.0.
+# machines of that kind (2026-12-04), while its worked-solution AUROC held within 0.05 of the shipped 1.0.
 BARE_AUROC_ALLOWANCE = 0.1
 
 
