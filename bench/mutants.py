@@ -49,7 +49,7 @@ MUTANTS = [
            "a README ratio changed (its section says 0.93x)"),
     Mutant("batch-target-floor", "cooper/services/reward/batcher.py",
            "math.ceil(self._queued_items / self._slot_count)", "math.floor(self._queued_items / self._slot_count)",
-           ("tests/reward/test_service.py::test_spreading_rounds_each_share_up_and_the_remainder_waits_out_the_wait",),
+           ("tests/reward/test_service.py::test_spreading_cuts_batches_over_the_slots_instead_of_waiting_to_fill_one",),
            "spreading's share of the outstanding items rounded down"),
     Mutant("batch-choice-largest", "cooper/services/reward/serving_defaults.py",
            "size = min(s for s, rate in rates.items() if rate >= GOOD_ENOUGH * best)", "size = max(rates)",
