@@ -75,6 +75,9 @@ MUTANTS = [
            ("tests/evaluation/test_alarm_exploit_check.py::"
             "test_false_alarms_at_the_bound_stay_within_the_promise_however_a_prompts_rollouts_go_together",),
            "the absolute check back to one trial per prompt, its share accepted as the outcome"),
+    Mutant("annotate-judge-always", "cooper/cli.py", "with_judge=not args.without_judge", "with_judge=True",
+           ("tests/generator/test_annotation.py::test_without_a_judge_every_triple_the_verifier_labels_is_kept",),
+           "cooper annotate --without-judge still starting and asking the judge"),
     Mutant("shipped-hashes-unchecked", "cooper/tiny/models.py",
            "    for file in sorted(expected.keys() | present):", "    for file in []:",
            ("tests/test_tiny_models.py::test_a_shipped_file_that_differs_from_its_manifest_is_an_error_naming_it",),

@@ -7,6 +7,7 @@ COOPER_REQUIRE_KUSTOMIZE=1 (.ci/run sets it): docs/development.md, "Tests".
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ class KustomizeError(ValueError):
     """A kustomization that kustomize refuses; the message is kustomize's."""
 
 
+@functools.cache  # one `kubectl version` per session, not one per build
 def commands() -> list[list[str]]:
     """Every way to run `kustomize build` here, the preferred first."""
     found = [["kubectl", "kustomize"]] if _kubectl_kustomize_major() >= 4 else []
@@ -46,20 +48,14 @@ def _kubectl_kustomize_major() -> int:
     return int(match.group(1)) if match else 0
 
 
-def command() -> list[str] | None:
-    """How to run `kustomize build` here, or None."""
-    found = commands()
-    return found[0] if found else None
-
-
 def require() -> list[str]:
     """The kustomize command; where there is none, the test skips, or fails under COOPER_REQUIRE_KUSTOMIZE=1."""
-    found = command()
-    if found is None:
+    found = commands()
+    if not found:
         if os.environ.get("COOPER_REQUIRE_KUSTOMIZE") == "1":
             pytest.fail(f"COOPER_REQUIRE_KUSTOMIZE=1 but neither kubectl nor kustomize is installed: {INSTALL}")
         pytest.skip(f"needs kustomize: {INSTALL}")
-    return found
+    return found[0]
 
 
 def build(directory: str | Path, kustomize: list[str] | None = None) -> list[Obj]:
