@@ -20,6 +20,9 @@ generator). Invariants, all checked on every run:
   versions, pairs and the verifier's and generator's ratios (chaos.EXACT); every other number (rewards, losses, KL,
   pair accuracies, test accuracies) within a relative 1e-4. Measured: those are exactly equal too (`max_rel_diff`
   printed per run is 0.0); the tolerance only keeps the check off float summation order, which nothing promises;
+- the same final checkpoints as the uninterrupted run, bit for bit: the newest policy and VerifyRM checkpoints:
+  their names (version, update count), every weight, the optimizer state and the bookkeeping (last key, recorded
+  results; all but `saved_at`) (`checkpoints_identical`, with `checkpoint_values_compared`);
 - nothing left behind: no process of the run, nothing in its TMPDIR and no service's TMPDIR (the pymp-* directory
   a SIGKILLed service's multiprocessing leaves) after the last exit.
 
@@ -27,7 +30,8 @@ Reported per run: kills landed, kills survived (the run logged another step afte
 (steps with a job run again: re-queued on resume or retried after a failed attempt, from the orchestrator's log),
 seconds lost per kill ((wall time with kills - wall time without) / kills), evaluations. The last line printed is one
 JSON object: {"seeds", "recipes", "kills", "kills_survived", "kills_not_landed", "generator_kills_in_negatives",
-"evaluations", "steps_redone", "seconds_lost_per_kill", "invariants_held", ...}.
+"evaluations", "steps_redone", "checkpoints_identical", "checkpoint_values_compared", "seconds_lost_per_kill",
+"invariants_held", ...}.
 
     python bench/chaos.py                      # 40 steps, 6 kills (+2), seeds 0,1,2, both recipes
     python bench/chaos.py --seeds 0 --steps 12 --kills 6 --recipes generator
@@ -88,7 +92,7 @@ def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dic
                                recipe=recipe, eval_every=args.eval_every, stuck_s=args.stuck_after,
                                max_staleness=args.max_staleness, step_s=calm_s / args.steps,
                                reward_max_staleness=args.reward_max_staleness)
-        check(chaos, tmp / f"chaos-{seed}", reference)
+        check(chaos, tmp / f"chaos-{seed}", reference, reference_dir=tmp / f"calm-{seed}")
     except AssertionError as err:  # a run got stuck or died: an invariant failed; the whole report goes to stderr
         print(f"{recipe} seed {seed}: aborted: {err}", file=sys.stderr, flush=True)
         chaos = ChaosRun(seed, args.steps, kills, recipe, args.max_staleness, args.reward_max_staleness,
@@ -107,6 +111,8 @@ def run_one(base: Path, seed: int, recipe: str, args: argparse.Namespace) -> dic
         "wall_s": round(chaos.wall_s, 1), "uninterrupted_s": round(calm_s, 1),
         "run_total_s": round(time.monotonic() - started, 1),
         "max_rel_diff": {k: v for k, v in chaos.max_rel_diff.items() if v} or 0.0,
+        "checkpoint_values_compared": chaos.checkpoint_values_compared,
+        "checkpoints_identical": chaos.checkpoint_values_compared > 0 and not chaos.checkpoint_differences,
         "invariants_held": not chaos.violations, "violations": chaos.violations[:10],
     }
 
@@ -154,6 +160,8 @@ def main() -> int:
         "generator_kills_in_negatives": sum(r["generator_kills_in_negatives"] for r in runs),
         "evaluations": sum(r["evaluations"] for r in runs),
         "steps_redone": sum(r["steps_redone"] for r in runs),
+        "checkpoint_values_compared": sum(r["checkpoint_values_compared"] for r in runs),
+        "checkpoints_identical": all(r["checkpoints_identical"] for r in runs),
         "seconds_lost_per_kill": round(statistics.fmean(r["seconds_lost_per_kill"] for r in runs), 1),
         "invariants_held": all(r["invariants_held"] for r in runs),
     }

@@ -104,6 +104,11 @@ class ChaosRun:
     violations: list[str] = field(default_factory=list)
     max_rel_diff: dict[str, float] = field(default_factory=dict)
     left_in_tmp: list[str] = field(default_factory=list)
+    checkpoint_values_compared: int = 0
+    """Tensors and bookkeeping values of the final policy and VerifyRM checkpoints compared bit for bit with the
+    uninterrupted run's (check)."""
+    checkpoint_differences: list[str] = field(default_factory=list)
+    """Where those differ (each one is a violation too)."""
 
     evaluations: int = 0
     """Evaluate jobs in the run's records (the initial one included)."""
@@ -381,9 +386,11 @@ def reward_versions_problems(lines: list[dict[str, Any]], behind: int = 0) -> li
     return problems
 
 
-def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None, batch_size: int = 8) -> None:
+def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None, batch_size: int = 8,
+          reference_dir: Path | None = None) -> None:
     """Append to chaos.violations every invariant the run broke; fill chaos.max_rel_diff (per numeric field).
-    Without `reference` (the uninterrupted run's records) only the run's own invariants are checked."""
+    Without `reference` (the uninterrupted run's records) only the run's own invariants are checked; with
+    `reference_dir` (the uninterrupted run's directory) its final checkpoints are compared with this run's too."""
     steps, bad = chaos.steps, chaos.violations.append
     path = run_dir / "metrics.jsonl"
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -419,3 +426,74 @@ def check(chaos: ChaosRun, run_dir: Path, reference: list[dict[str, Any]] | None
             chaos.max_rel_diff[key] = max(chaos.max_rel_diff.get(key, 0.0), abs(other - value) / max(abs(value), 1e-6))
             if not math.isclose(other, value, rel_tol=REL_TOL, abs_tol=1e-6):
                 bad(f"step {calm['step']}: {key} is {other!r}, the uninterrupted run's {value!r}")
+    if reference_dir is not None:
+        chaos.checkpoint_differences, chaos.checkpoint_values_compared = final_checkpoint_differences(run_dir,
+                                                                                                     reference_dir)
+        chaos.violations.extend(chaos.checkpoint_differences)
+
+
+def final_checkpoint_differences(run_dir: Path, reference_dir: Path) -> tuple[list[str], int]:
+    """How the newest policy and VerifyRM checkpoints of `run_dir` differ from those of `reference_dir`, bit for bit:
+    the name (version and update count), every weight tensor, the optimizer state (moments, step counts, hyper-
+    parameters) and the bookkeeping (versions, last key, the recorded results; all but the wall-clock `saved_at`, with
+    the run's name in its request keys read as the other run's).
+    Returns the differences and how many values were compared. The data position is the run's, not a service's: the
+    metrics' data_epoch and data_offset (EXACT) hold it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from cooper.runtime.checkpoint import OPTIMIZER_FILE, POLICY, REWARD, latest_checkpoint
+
+    differences: list[str] = []
+    compared = 0
+
+    def compare(mine: Any, theirs: Any, where: str) -> None:
+        nonlocal compared
+        if len(differences) >= 20:
+            return
+        if isinstance(theirs, torch.Tensor):
+            compared += 1
+            same = (isinstance(mine, torch.Tensor) and mine.dtype == theirs.dtype and mine.shape == theirs.shape
+                    and torch.equal(mine.contiguous().view(-1).view(torch.uint8),
+                                    theirs.contiguous().view(-1).view(torch.uint8)))
+            if not same:
+                differences.append(f"{where}: not bit for bit the uninterrupted run's tensor")
+        elif isinstance(theirs, dict):
+            if not isinstance(mine, dict) or set(mine) != set(theirs):
+                differences.append(f"{where}: keys {sorted(map(str, mine)) if isinstance(mine, dict) else mine!r}, "
+                                   f"the uninterrupted run's {sorted(map(str, theirs))}")
+                return
+            for key in theirs:
+                compare(mine[key], theirs[key], f"{where}.{key}")
+        elif isinstance(theirs, (list, tuple)):
+            if not isinstance(mine, (list, tuple)) or len(mine) != len(theirs):
+                differences.append(f"{where}: {mine!r}, the uninterrupted run's {theirs!r}")
+                return
+            for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+                compare(a, b, f"{where}[{i}]")
+        else:
+            compared += 1
+            if type(mine) is not type(theirs) or (mine != theirs and not (mine != mine and theirs != theirs)):
+                differences.append(f"{where}: {mine!r}, the uninterrupted run's {theirs!r}")
+
+    for service, layout in (("policy", POLICY), ("reward", REWARD)):
+        mine = latest_checkpoint(run_dir / "checkpoints" / service, layout)
+        theirs = latest_checkpoint(reference_dir / "checkpoints" / service, layout)
+        if mine is None or theirs is None:
+            differences.append(f"{service}: no final checkpoint (this run {mine}, the uninterrupted run {theirs})")
+            continue
+        if mine.name != theirs.name:
+            differences.append(f"{service}: final checkpoint {mine.name}, the uninterrupted run's {theirs.name}")
+        weight_files = sorted(p.name for p in theirs.glob("*.safetensors"))
+        compare(sorted(p.name for p in mine.glob("*.safetensors")), weight_files, f"{service} weight files")
+        for name in weight_files:
+            if (mine / name).is_file():
+                compare(load_file(mine / name), load_file(theirs / name), f"{service} {name}")
+        compare(torch.load(mine / OPTIMIZER_FILE, weights_only=True),
+                torch.load(theirs / OPTIMIZER_FILE, weights_only=True), f"{service} optimizer")
+        # Request keys carry the run's name ("<run>/<step>"): the same keys under the other run's name.
+        renamed = (path.joinpath(layout.state_file).read_text().replace(f'"{run_dir.name}/', f'"{reference_dir.name}/')
+                   for path in (mine, theirs))
+        bookkeeping = [{k: v for k, v in json.loads(text).items() if k != "saved_at"} for text in renamed]
+        compare(*bookkeeping, f"{service} {layout.state_file}")
+    return differences, compared

@@ -3,9 +3,10 @@ on one seed of the paper's recipe, 16 steps. The run survives the SIGKILL of the
 resumed run evaluates again) and between steps (it is resumed), of the policy in the middle of a GRPO update, of the
 generator inside a negatives job and of the reward service in the middle of a Bradley-Terry update (the policy and
 the reward service come back from their checkpoints plus their update journals), keeps every invariant, and logs the
-same records as the same run without kills (tests/orchestrator/chaos.py); synchronous, and with rollouts one step
-ahead of training and VerifyRM's update one step behind its scores (run.max_staleness=1,
-run.reward_max_staleness=1), where the restarted policy also rebuilds the version behind its trainer."""
+same records and the same final checkpoints, bit for bit, as the same run without kills (tests/orchestrator/chaos.py);
+synchronous, and with rollouts one step ahead of training and VerifyRM's update one step behind its scores
+(run.max_staleness=1, run.reward_max_staleness=1), where the restarted policy also rebuilds the version behind its
+trainer."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def test_a_run_keeps_its_invariants_through_sigkills(tmp_path, behind):
     assert reward_update in {f"reward_update:{t}" for t in range(12, 16)}
     assert run["kills_survived"] == 5 and run["resumes"] == 2 and run["max_rel_diff"] == 0.0
     assert run["evaluations"] == 5 and summary["generator_kills_in_negatives"] == 1
+    # The final policy and VerifyRM checkpoints are the uninterrupted run's, bit for bit (weights and optimizer
+    # moments are hundreds of tensors; bookkeeping adds the recorded results).
+    assert run["checkpoints_identical"] and run["checkpoint_values_compared"] > 100
     print(f"\nchaos: {lines[-1]}")
 
 
@@ -107,3 +111,43 @@ def test_the_reward_versions_check_reads_the_scores_k_updates_back():
     twice[2]["reward_version"] = 4  # step 2's update applied twice
     assert reward_versions_problems(twice, 1) == ["step 2: reward version 4 after the update of version 2 with 3 pairs",
                                                   "step 3: reward version 4 after the update of version 4 with 3 pairs"]
+
+
+def _write_final_checkpoints(run_dir, flip_bit_of=None):
+    """A run directory's final policy and VerifyRM checkpoints as the services lay them out, optionally with one
+    bit of one tensor flipped (`flip_bit_of`: "weights" or "optimizer")."""
+    import torch
+    from safetensors.torch import save_file
+
+    for service, name, state_file in (("policy", "v00000003", "state.json"),
+                                      ("reward", "v00000002-u00000003", "cooper_state.json")):
+        path = run_dir / "checkpoints" / service / name
+        path.mkdir(parents=True)
+        weights = {"w": torch.linspace(-1, 1, 12).reshape(3, 4), "b": torch.zeros(4, dtype=torch.bfloat16)}
+        optimizer = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.full((3, 4), 0.25)}},
+                     "param_groups": [{"lr": 1e-3, "params": [0]}]}
+        if service == "reward" and flip_bit_of == "weights":
+            weights["w"].view(torch.int32)[1, 2] ^= 1  # the lowest bit of one float: a difference of ~1e-8
+        if service == "policy" and flip_bit_of == "optimizer":
+            optimizer["state"][0]["exp_avg"].view(torch.int32)[0, 0] ^= 1
+        save_file(weights, path / "model.safetensors")
+        torch.save(optimizer, path / "optimizer.pt")
+        (path / state_file).write_text(json.dumps({"version": int(name[1:9]), "last_key": f"{run_dir.name}/2",
+                                                   "saved_at": os.urandom(4).hex()}))
+
+
+@pytest.mark.parametrize("flipped", ["weights", "optimizer"])
+def test_the_final_checkpoints_are_compared_bit_for_bit(tmp_path, flipped):
+    from chaos import final_checkpoint_differences
+
+    calm, same, differing = tmp_path / "calm", tmp_path / "same", tmp_path / "differing"
+    for run_dir, flip in ((calm, None), (same, None), (differing, flipped)):
+        _write_final_checkpoints(run_dir, flip)
+    differences, compared = final_checkpoint_differences(same, calm)
+    assert differences == [] and compared == 2 * (1 + 2 + 4 + 2)  # per service: the weight files, 2 weights, optimizer 4, state 2
+    differences, _ = final_checkpoint_differences(differing, calm)
+    assert differences == [{"weights": "reward model.safetensors.w: not bit for bit the uninterrupted run's tensor",
+                            "optimizer": "policy optimizer.state.0.exp_avg: not bit for bit the uninterrupted run's "
+                                         "tensor"}[flipped]]
+    (differing / "checkpoints" / "reward" / "v00000002-u00000003" / "cooper_state.json").unlink()  # incomplete
+    assert "reward: no final checkpoint" in final_checkpoint_differences(differing, calm)[0][-1]
