@@ -687,6 +687,9 @@ class RunConfig(StrictModel):
 ALARM_REACTION_STEPS = 2
 """In act mode, how many steps the stages that take the alarm's actions may run ahead of the driver's log."""
 
+AlarmAction = Literal["verifier_reward", "rm_negatives", "rollback"]
+"""What the alarm may do while it is up, in act mode (AlarmConfig.actions)."""
+
 
 class AlarmConfig(StrictModel):
     """The reward-hacking alarm (cooper/evaluation/alarm.py): a sequential test, every step, on how VerifyRM and the
@@ -696,8 +699,7 @@ class AlarmConfig(StrictModel):
     mode: Literal["off", "warn", "act"] = "warn"
     """off; warn: every raise and clear is logged (alarms.jsonl, the log, metrics.jsonl's alarm/* keys, the plot);
     act: the same, and `actions` are taken while the alarm is up."""
-    actions: list[Literal["verifier_reward", "rm_negatives", "rollback"]] = Field(
-        default_factory=lambda: ["verifier_reward"])
+    actions: list[AlarmAction] = Field(default_factory=lambda: list[AlarmAction](["verifier_reward"]))
     """In act mode, taken together while the alarm is up. verifier_reward: the policy is trained on the verifier's
     1/0 reward (rule mode's) until the alarm clears. rm_negatives (cooper mode; ignored in static mode, whose
     reward model never trains): VerifyRM's update takes `rm_update_factor` times reward.update_steps optimizer

@@ -7,7 +7,7 @@ import tempfile
 from typing import Any
 
 from cooper.evaluation.rm_bench import compare_judges, load_bench
-from cooper.orchestrator.services import Services, in_process_service, service_client
+from cooper.orchestrator.services import ConfiguredServices, Services
 
 
 def judges(config: Any, scratch: str) -> Services:
@@ -18,12 +18,7 @@ def judges(config: Any, scratch: str) -> Services:
     reward = config.reward.model_copy(update={"checkpoint_dir": f"{scratch}/reward", "save_on_stop": False})
     config = config.model_copy(update={"reward": reward})
 
-    def open_judge(name: str) -> Any:
-        address = getattr(config, name).server.address
-        return service_client(config, name, address) if address else in_process_service(config, name, services)
-
-    services = Services(open_judge)
-    return services
+    return ConfiguredServices(config)
 
 
 def run_eval_rm(config: Any, source: str) -> dict[str, Any]:

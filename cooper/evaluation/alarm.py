@@ -46,7 +46,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from cooper.evaluation.alarm_threshold import MAX_CORRELATION, BaselineFit, fit_baseline, threshold_for
 from cooper.evaluation.exploit_check import ExploitCheck, check_threshold, false_positive_bound, step_groups
@@ -115,7 +115,7 @@ class AlarmSettings:
         return check_threshold(self.run_steps, self.false_alarm_rate)
 
 
-def _defined(value: Any) -> bool:
+def _defined(value: Any) -> TypeGuard[float | int]:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 

@@ -59,7 +59,7 @@ class AlarmWatch:
     def __init__(self, config: CooperConfig, store: RunState, run_dir: Path):
         alarm = config.alarm
         self.acting = alarm.mode == "act"
-        self.actions = [a for a in alarm.actions if applies(a, config.run.mode)] if self.acting else []
+        self.actions: list[str] = [a for a in alarm.actions if applies(a, config.run.mode)] if self.acting else []
         if skipped := [a for a in alarm.actions if self.acting and not applies(a, config.run.mode)]:
             log.info("alarm action(s) %s do nothing in %s mode (its reward model never trains); not taken",
                      ", ".join(skipped), config.run.mode)

@@ -178,7 +178,9 @@ class RunState:
 
 class RunStore(RunState):
     def __init__(self, client: redis.Redis, prefix: str, run_id: str):
-        self.redis = client
+        # Any: redis-py types every reply as a union of the sync and async clients' and of bytes and str; the client
+        # here is synchronous and decodes (decode_responses=True), so the replies are what the methods below say.
+        self.redis: Any = client
         self.base = f"{prefix}:{run_id}"
         self.stream = self.key("jobs")
         self._enqueue_once = client.register_script(_ENQUEUE_ONCE)

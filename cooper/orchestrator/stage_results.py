@@ -101,7 +101,7 @@ class RewardUpdateResult(StageResult):
 @dataclass(frozen=True)
 class RmBenchResult:
     accuracy: float
-    auroc: float
+    auroc: float | None  # None where the benchmark holds one class only
     reward_version: int
     false_positive_rate: float | None = None  # of its wrong items, accepted; the alarm's bound comes from it
     negatives: int = 0  # how many wrong items
@@ -146,7 +146,7 @@ def _hints(kind: type) -> dict[str, Any]:
 def _decode(kind: Any, data: Any) -> Any:
     if data is None:
         return None
-    if is_dataclass(kind):
+    if isinstance(kind, type) and is_dataclass(kind):
         hints = _hints(kind)
         return kind(**{key: _decode(hints[key], value) for key, value in data.items()})
     if isinstance(kind, type) and issubclass(kind, enum.Enum):

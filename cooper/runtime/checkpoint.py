@@ -199,13 +199,13 @@ class BackgroundSave:
         self._thread: threading.Thread | None = None
         self.failures = 0
 
-    def start(self, write: Callable[[], None]) -> None:
+    def start(self, write: Callable[[], object]) -> None:
         """Run `write` on a new thread, after the write in flight (if any) has finished."""
         self.wait()
         self._thread = threading.Thread(target=self._run, args=(write,), name=f"{self.service}-checkpoint", daemon=True)
         self._thread.start()
 
-    def _run(self, write: Callable[[], None]) -> None:
+    def _run(self, write: Callable[[], object]) -> None:
         try:
             write()
         except Exception:

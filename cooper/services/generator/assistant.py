@@ -73,7 +73,7 @@ class TransformersAssistant:
         self.tokenizer.padding_side = "left"  # decoder-only batches pad on the left so replies start aligned
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(config.dtype, target))
+        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(config.dtype, target))
         self.model = model.to(target)
         self.model.eval()
         self.max_len = config.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 4096

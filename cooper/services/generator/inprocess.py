@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from cooper.config import ConfigError, GeneratorConfig
 from cooper.services.generator.messages import NegativeItem, NegativeResult
 from cooper.services.generator.negatives import RULE_STRATEGIES, NegativeTask, RuleStrategy, make_negatives
-from cooper.services.verifier.inprocess import InProcessVerifier
-from cooper.services.verifier.messages import Check
+from cooper.services.verifier.messages import Check, VerifyResult, as_checks
+
+
+class PairVerifier(Protocol):
+    """What the generator needs of a verifier: verdicts on (completion, reference) pairs."""
+
+    def verify_pairs(self, pairs: Sequence[tuple[str, str]], deadline_s: float | None = ...) -> list[VerifyResult]: ...
 
 
 class InProcessGenerator:
-    def __init__(self, config: GeneratorConfig, verifier: InProcessVerifier):
+    def __init__(self, config: GeneratorConfig, verifier: PairVerifier):
         if config.strategy not in RULE_STRATEGIES:
             raise ConfigError(f"generator.strategy={config.strategy} needs an assistant model, which only the "
                               f"generator service runs; in one process the strategy is one of {RULE_STRATEGIES}")
@@ -27,7 +33,7 @@ class InProcessGenerator:
         self.verifier = verifier
 
     async def _verify(self, pairs: list[tuple[str, str]]) -> list[Check]:
-        return await asyncio.to_thread(self.verifier.check, pairs)
+        return as_checks(await asyncio.to_thread(self.verifier.verify_pairs, pairs))
 
     def negatives(self, items: Sequence[NegativeItem], deadline_s: float | None = None) -> list[NegativeResult]:
         """One result per item, in order; `valid` says whether it holds a verified negative."""

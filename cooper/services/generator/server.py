@@ -27,7 +27,7 @@ from cooper.services.generator.negatives import (
     make_negatives,
 )
 from cooper.services.verifier.client import VerifierClient
-from cooper.services.verifier.messages import Check, Verdict
+from cooper.services.verifier.messages import Check, as_checks
 
 SERVICE_NAME = generator_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
 log = logging.getLogger("cooper.generator")
@@ -40,8 +40,7 @@ class RemoteVerifier:
         self.client = client
 
     async def __call__(self, pairs: list[tuple[str, str]]) -> list[Check]:
-        results = await asyncio.to_thread(self.client.verify_pairs, pairs)
-        return [Check(Verdict(r.verdict), r.extracted, r.ms, r.detail) for r in results]
+        return as_checks(await asyncio.to_thread(self.client.verify_pairs, pairs))
 
 
 class LazyAssistant:

@@ -8,7 +8,7 @@ then chosen -- O(batch x vocab) memory instead of keeping every step's logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -69,6 +69,12 @@ class TransformersEngine:
 
     def sync_weights(self) -> None:
         """Nothing to do: the engine samples from the module the trainer updates."""
+
+    def load_weights(self, weights: Mapping[str, Any]) -> None:
+        """Never asked: with weights of its own (rollouts ahead), the transformers engine runs in the rollout
+        process (build_engine's `own_weights`), whose engine takes them."""
+        raise RuntimeError("the transformers engine samples the trainer's own module and holds no weights of its own; "
+                           "rollouts from another version go through the rollout process (build_engine(own_weights))")
 
     def generate(self, prompts: Sequence[str], sampling: SamplingParams) -> list[list[Completion]]:
         prompt_ids = [encode_prompt(self.tokenizer, text) for text in prompts]

@@ -440,13 +440,14 @@ class GRPOTrainer(PolicyUpdater):
         ref_logps: list[Tensor | None] = [None] * len(batches)
         kl_seq = 0.0
         if self.reference is not None:
-            ref_logps = [self._logprobs(self.reference, b) for b in batches]
+            references = [self._logprobs(self.reference, b) for b in batches]
+            ref_logps = list[Tensor | None](references)
             # Summed over completions of sum_t (old_logp - ref_logp). When the rollout was sampled from the current
             # weights (run.max_staleness 0) its mean over completions is an unbiased (k1) estimate of KL(pi || pi_init).
             # With rollouts ahead it was sampled by a version up to k updates older, so the mean is taken over that
             # version's completions: an estimate of KL(pi || pi_init) biased by how far pi moved in k updates.
-            kl_seq = sum(float(((old - ref) * b.mask).sum()) for old, ref, b in zip(old_logps, ref_logps, batches,
-                                                                                   strict=True))
+            kl_seq = sum((float(((old - ref) * b.mask).sum())
+                          for old, ref, b in zip(old_logps, references, batches, strict=True)), 0.0)
 
         lr = lr_at(self.updates, self.lr, self.warmup_steps)
         for group in self.optimizer.param_groups:

@@ -174,6 +174,8 @@ class RewardCore:
         self.durable.check_journaled()
         forward_s: list[float] = []
         batching = self.config.batching
+        if batching.max_batch_size is None:  # load (with_batching) or use_batching chose it before any request
+            raise RuntimeError("the reward core scores before its batch size was chosen")
         logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
         return BatchScores(logits, self.rm.version, forward_s)
 

@@ -51,7 +51,7 @@ class VerifyItem:
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """The verdict on one item (results come in the order of the items)."""
+    """The verdict on one item (results come in the order of the items). `as_checks` reads them back as Checks."""
 
     id: str
     verdict: int  # a `Verdict` value
@@ -63,3 +63,8 @@ class VerifyResult:
 def pair_items(pairs: Sequence[tuple[str, str]]) -> list[VerifyItem]:
     """(completion, reference) pairs as items whose ids are their positions."""
     return [VerifyItem(id=str(i), completion=c, reference=r) for i, (c, r) in enumerate(pairs)]
+
+
+def as_checks(results: Sequence[VerifyResult]) -> list[Check]:
+    """Verify results read back as the Checks they were made from (what the generator's filter reads)."""
+    return [Check(Verdict(r.verdict), r.extracted, r.ms, r.detail) for r in results]

@@ -52,7 +52,8 @@ class Control:
         self.prefix = f"cooper/policy/{place.generation}/"
 
     def set(self, key: str, value: Any) -> None:
-        self.store.set(self.prefix + key, pickle.dumps(value))
+        # TCPStore.set takes bytes as well as str (its stub says str only); a pickle is bytes.
+        self.store.set(self.prefix + key, pickle.dumps(value))  # type: ignore[arg-type]
 
     def get(self, key: str) -> Any:
         return pickle.loads(self.store.get(self.prefix + key))
