@@ -35,6 +35,7 @@ from cooper.experiments.figures import (
     save,
 )
 from cooper.experiments.reproduction import across_seeds, across_seeds_table, judge, results_table, summarize
+from cooper.launcher.plot import mark_alarm
 from cooper.metric_names import (
     ALARM_EVENT,
     ALARM_RM_NEGATIVES,
@@ -52,7 +53,7 @@ from cooper.metric_names import (
 )
 from cooper.modes import EXPERIMENT_LABELS, reward_mode
 from cooper.modes import MODES as REWARD_MODES
-from cooper.orchestrator.outputs import mark_alarm, read_metrics
+from cooper.orchestrator.outputs import read_metrics
 from cooper.runtime.processes import die_with_parent
 
 MODES = tuple(REWARD_MODES)

@@ -207,7 +207,8 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
         if interrupted:
             log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "
                         "with: cooper train --resume %s", run_id)
-    from cooper.orchestrator.outputs import plot, read_metrics, summary_table
+    from cooper.launcher.plot import plot
+    from cooper.orchestrator.outputs import read_metrics, summary_table
 
     records = read_metrics(run_dir)
     plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")

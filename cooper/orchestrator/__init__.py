@@ -5,7 +5,7 @@
   each records; `services.py`: the services as the stages call them, over gRPC or in this process.
 - `run_store.py`: the run's jobs, statuses, results and state in Redis; `worker.py`: a stage worker.
 - `run.py`: the driver of one run; `alarm_watch.py`: the reward-hacking alarm as the driver runs it.
-- `data.py`: training and evaluation data; `outputs.py`: metrics.jsonl, TensorBoard events, the run's plot.
+- `data.py`: training and evaluation data; `outputs.py`: metrics.jsonl, TensorBoard events, the console summary.
 
 It never imports the launcher (cooper/launcher/) or the experiment tooling (cooper/experiments/): they import it
 (tests/test_layers.py).

@@ -260,9 +260,6 @@ class RunStore(RunState):
             raise KeyError(f"no result recorded for job {job_id} in {self.base}")
         return json.loads(raw)
 
-    def has_result(self, job_id: str) -> bool:
-        return bool(self.redis.exists(self.key(f"result:{job_id}")))
-
     def delete_results(self, job_ids: list[str]) -> None:
         if job_ids:
             self.redis.delete(*[self.key(f"result:{j}") for j in job_ids])

@@ -287,7 +287,7 @@ def test_graded_actions_join_in_their_order_while_the_alarm_stays_up(tmp_path, r
 
 
 def test_action_spans_are_the_steps_an_action_was_in_force() -> None:
-    from cooper.orchestrator.outputs import action_spans
+    from cooper.launcher.plot import action_spans
 
     records = [{"step": 0, "mode": "static", "reward_source": "reward_model"},
                {"step": 1, "mode": "static", "reward_source": "rollback"},

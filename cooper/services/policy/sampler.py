@@ -45,12 +45,6 @@ class BehindSampler:
             for old in [v for v in self._kept if v <= version - self.behind]:
                 del self._kept[old]
 
-    def forget(self) -> None:
-        """The kept versions no longer name these weights (a restore replaced the history): drop them."""
-        with self._engine_lock, self._kept_lock:
-            self._kept.clear()
-            self.engine_version = None
-
     def kept_versions(self) -> list[int]:
         with self._kept_lock:
             return sorted(self._kept)
