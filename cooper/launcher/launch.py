@@ -154,7 +154,7 @@ def steps_in_process(config: CooperConfig, steps: int = 1) -> list[dict[str, Any
         try:
             for step in range(graph.first_step(), steps):
                 run_step_inline(ctx, graph, step)
-            return [step_record(ctx, graph, step) for step in range(steps)]
+            return [step_record(ctx, graph, step).metrics for step in range(steps)]
         finally:
             ctx.close()
             close_redis(client)

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,18 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any]:
-    """The reward-hacking monitor and the training numbers of one finished step, from its jobs' results
-    (`stage_results`)."""
+@dataclass
+class StepRecord:
+    """One finished step as the driver logs it."""
+
+    metrics: dict[str, Any]
+    """The reward-hacking monitor's and the training numbers: the step's line of metrics.jsonl."""
+    logged: Logged
+    """Where the run stands after it: what the stages read once the step's results are deleted."""
+
+
+def step_record(ctx: StageContext, graph: StepGraph, step: int) -> StepRecord:
+    """One finished step's record, from its jobs' results (`stage_results`)."""
     ro, ve, sc, pu = ctx.rollout(step), ctx.verification(step), ctx.scores(step), ctx.policy_update(step)
     verdicts = ve.verdicts
     correct = [v is Verdict.CORRECT for v in verdicts]
@@ -107,6 +117,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         "data_epoch": ro.data_position.epoch,
         "data_offset": ro.data_position.offset,
     }
+    reward_version = sc.reward_version  # VerifyRM's version after the step: the one that scored it, or its update's
     if graph.reward.reward_model_scores:
         # How often VerifyRM and the verifier disagree: the first sign of reward hacking.
         accepted = rm_accepts(sc)
@@ -144,6 +155,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
             "rm_flagged_pairs": ru.flagged_pairs, "rm_optimizer_steps": ru.optimizer_steps,
             ALARM_RM_NEGATIVES: ru.alarm_acted,
         })
+        reward_version = ru.reward_version
     if graph.evaluates_after(step):
         evaluation = ctx.evaluation(step)
         results.append((g.EVALUATE, evaluation))
@@ -154,7 +166,8 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> dict[str, Any
         record[TIME + "evaluate_initial"] = initial.seconds
     for stage, result in results:
         record[TIME + stage] = result.seconds
-    return record
+    return StepRecord(record, Logged(step, pu.policy_version, reward_version, ro.data_position.epoch,
+                                     ro.data_position.offset))
 
 
 def evaluation_record(evaluation: EvaluationResult, test: str, rm_bench: str) -> dict[str, Any]:
@@ -259,15 +272,14 @@ class Orchestrator:
                 if not self.graph.step_complete(next_step, self.store.done()):
                     time.sleep(0.02)
                     continue
-                record = step_record(self.ctx, self.graph, next_step)
+                finished = step_record(self.ctx, self.graph, next_step)
+                record = finished.metrics
                 record[ELAPSED] = round(time.monotonic() - started, 3)
                 if watch:
                     record.update(watch.observe(record))
                 metrics.write(record)
                 records.append(record)
-                self.store.set_logged(Logged(next_step, record[POLICY_VERSION],
-                                             record.get(REWARD_VERSION, record[REWARD_VERSION_USED]),
-                                             record["data_epoch"], record["data_offset"]))
+                self.store.set_logged(finished.logged)
                 if (every and (next_step + 1) % every == 0) or next_step == steps - 1:
                     try:
                         self._checkpoint(next_step)

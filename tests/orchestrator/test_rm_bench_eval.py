@@ -94,7 +94,7 @@ def test_step_record_logs_rm_bench_metrics_on_evaluation_steps(redis_client, run
     for stage, result in results.items():
         result.seconds = 0.1
         store.finish(Job(1, stage).id, to_json(result))
-    record = step_record(ctx, graph, 1)
+    record = step_record(ctx, graph, 1).metrics
     assert (record["rm_bench/accuracy"], record["rm_bench/auroc"], record["rm_bench/reward_version"]) == (0.75, 0.8, 0)
     assert record["verifier_accuracy"] == 1.0 and record["time/evaluate"] == 0.1
     assert ctx.verification(1) == results[g.VERIFY]  # back from its JSON as it went in, the verdict an enum again
