@@ -82,6 +82,10 @@ MUTANTS = [
            "    for file in sorted(expected.keys() | present):", "    for file in []:",
            ("tests/test_tiny_models.py::test_a_shipped_file_that_differs_from_its_manifest_is_an_error_naming_it",),
            "a shipped model's files loaded without their manifest's hashes"),
+    Mutant("policy-protocol-without-save", "cooper/orchestrator/services.py",
+           "    def save(self, tag: str = ...) -> PolicySaved: ...\n", "",
+           ("tests/test_types.py::test_the_seams_type_check_and_a_planted_error_fails",),
+           "the policy's protocol without the save the run calls (the seam it was missing before)"),
 ]
 
 
