@@ -10,6 +10,7 @@ from cooper.evaluation.alarm import FALSE_POSITIVE_SHARE, SIGNALS, AlarmSettings
 from cooper.evaluation.exploit_check import step_counts
 from cooper.experiments.experiment import accuracy_points, alarm_table
 from cooper.experiments.reproduction import summarize
+from cooper.launcher.plot import action_spans
 from cooper.metric_names import (
     ALARM_EVENT,
     ALARM_RM_NEGATIVES,
@@ -31,7 +32,6 @@ from cooper.metric_names import (
     TEST_INITIAL,
     VERIFIER_ACCURACY,
 )
-from cooper.orchestrator.outputs import action_spans
 
 CONSTANTS = {name: value for name, value in vars(names).items() if name.isupper()}
 
