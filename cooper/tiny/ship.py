@@ -39,8 +39,8 @@ SHIPPED_BUILDS: dict[str, Callable[[], Path]] = {
 }
 """Directory name in the shipped set -> the builder that makes it. `small` (16 MB a model, random, for benchmarks
 only) is built where it is used. Every file is checked against manifest.json's SHA-256 when a process first
-resolves its model (models.verified_shipped). The slow test (tests/test_tiny_models.py) rebuilds policy-sft and
-two of the VerifyRMs and checks their quality; reward-pretrained-noisy and policy-sft-hd32 are derived, the same
+resolves its model (models.verified_shipped). The rebuild test (tests/test_tiny_models.py, run by hand with
+COOPER_REBUILD_TINY=1: minutes of training) rebuilds policy-sft and two of the VerifyRMs and checks their quality; reward-pretrained-noisy and policy-sft-hd32 are derived, the same
 builders with one input changed (flipped labels; the head_dim-32 base), and are checked by their hashes only."""
 
 QUALITY_PROMPTS, QUALITY_K = 128, 4

@@ -51,10 +51,12 @@ SCRIPTS = [
     pytest.param("mutants.py", ["--only", "batch-target-floor"], {"mutants", "survived"}, id="mutants"),
     pytest.param("rm_pretraining.py", ["--model", "tiny-rm", "--prompts", "4", "--k", "2"],
                  {"samples", "sample_accuracy", "model"}, id="rm_pretraining_model"),
-    # The real model's path, its first two stages (sampling the policy's triples, annotating them with the model as
-    # its own judge); pretrain-rm, eval-rm and the training runs are the commands other tests run on this model
-    # (tests/orchestrator/test_real_model_train.py) and on the paper path (tests/orchestrator/test_paper_path.py).
-    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate"],
+    # The real model's path, its first two stages (sampling the policy's triples, annotating them with the verifier:
+    # the model as its own judge took most of this test's 603 s on a 2-core AVX2 EPYC, and the judge's path is tested
+    # on the tiny models, tests/generator/test_annotation.py); pretrain-rm, eval-rm and the training runs are the
+    # commands other tests run on this model (tests/orchestrator/test_real_model_train.py) and on the paper path
+    # (tests/orchestrator/test_paper_path.py).
+    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate", "--without-judge"],
                  {"model", "seed", "sample", "annotate", "seconds"}, id="real_model"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
                                 "--rounds", "1"], {"bench", "tokens_per_s", "ratio"},
