@@ -187,19 +187,19 @@ class ConfiguredServices(InProcessServices):
     """Each service through its running server where the config gives its `server.address`, else built in this
     process (`cooper eval-rm`'s judges)."""
 
-    def _remote(self) -> RemoteServices:
-        addresses = {name: address for name in NAMES if (address := getattr(self.config, name).server.address)}
-        return RemoteServices(self.config, addresses)
+    def __init__(self, config: CooperConfig):
+        super().__init__(config)
+        self.remote = RemoteServices(config, {name: address for name in NAMES
+                                              if (address := getattr(config, name).server.address)})
 
     def _open_policy(self) -> Policy:
-        return self._remote()._open_policy() if self.config.policy.server.address else super()._open_policy()
+        return self.remote._open_policy() if "policy" in self.remote.addresses else super()._open_policy()
 
     def _open_reward(self) -> Reward:
-        return self._remote()._open_reward() if self.config.reward.server.address else super()._open_reward()
+        return self.remote._open_reward() if "reward" in self.remote.addresses else super()._open_reward()
 
     def _open_verifier(self) -> Verifier:
-        return self._remote()._open_verifier() if self.config.verifier.server.address else super()._open_verifier()
+        return self.remote._open_verifier() if "verifier" in self.remote.addresses else super()._open_verifier()
 
     def _open_generator(self) -> Generator:
-        return (self._remote()._open_generator() if self.config.generator.server.address
-                else super()._open_generator())
+        return self.remote._open_generator() if "generator" in self.remote.addresses else super()._open_generator()
