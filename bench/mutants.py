@@ -83,9 +83,15 @@ MUTANTS = [
            ("tests/test_tiny_models.py::test_a_shipped_file_that_differs_from_its_manifest_is_an_error_naming_it",),
            "a shipped model's files loaded without their manifest's hashes"),
     Mutant("policy-protocol-without-save", "cooper/orchestrator/services.py",
-           "    def save(self, tag: str = ...) -> PolicySaved: ...\n", "",
+           "    def save(self, tag: str = ...) -> SavedCheckpoint: ...\n    def restore(",
+           "    def restore(",
            ("tests/test_types.py::test_the_seams_type_check_and_a_planted_error_fails",),
            "the policy's protocol without the save the run calls (the seam it was missing before)"),
+    Mutant("results-deleted-one-step-early", "cooper/orchestrator/graph.py",
+           "        return max(self.max_staleness, self.reward_staleness) + 1\n",
+           "        return max(self.max_staleness, self.reward_staleness)\n",
+           ("tests/orchestrator/test_graph_and_queue.py::test_no_job_reads_a_result_the_driver_has_deleted",),
+           "the driver deleting a logged step's results while a rollout ahead of training may still read them"),
 ]
 
 

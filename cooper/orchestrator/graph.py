@@ -121,6 +121,15 @@ class StepGraph:
         """The jobs whose results step `step`'s record reads: its own, and for step 0 the initial evaluation."""
         return self.jobs(step) + (self.jobs(-1) if step == 0 else [])
 
+    @property
+    def steps_read_back(self) -> int:
+        """How many of the newest logged steps a stage may still read results of. A job of step t runs before step t
+        is logged (all of a step's jobs are done when it is), so at most step t-1 is logged then; it reads its own
+        step and its dependencies: rollout(t) policy_update(t-k-1) and score(t) reward_update(t-k-1) (k: their
+        staleness), the updates the update before them. So once step L is logged, step L - steps_read_back is
+        read by nothing still to run, and the driver deletes its results."""
+        return max(self.max_staleness, self.reward_staleness) + 1
+
     def dependencies(self, job: Job) -> list[Job]:
         t, stage = job.step, job.stage
         if stage == ROLLOUT:

@@ -1,7 +1,7 @@
 """The driver of one run: seeds the graph, runs stage workers, logs each finished step, checkpoints, cleans up.
 
 The driver only watches Redis: it turns finished steps into metrics, asks services to save every
-`checkpoint_every` steps, and deletes a step's payloads once its metrics are written. Stage workers (threads
+`checkpoint_every` steps, and deletes a step's payloads once no stage can read them any more (StepGraph.steps_read_back). Stage workers (threads
 here; other processes or pods may join through the same Redis) do the work.
 """
 
@@ -92,7 +92,7 @@ class StepRecord:
     metrics: dict[str, Any]
     """The reward-hacking monitor's and the training numbers: the step's line of metrics.jsonl."""
     logged: Logged
-    """Where the run stands after it: what the stages read once the step's results are deleted."""
+    """Where the run stands after it: where a resumed run starts, in the data and in the steps."""
 
 
 def step_record(ctx: StageContext, graph: StepGraph, step: int) -> StepRecord:
@@ -286,7 +286,9 @@ class Orchestrator:
                     except ServiceUnavailable as err:  # the services keep their own per-update checkpoints
                         raise self._failed(f"checkpoint after step {next_step}: {type(err).__name__}: {err}",
                                            next_step + 1) from None
-                self.store.delete_results([job.id for job in self.graph.logged_jobs(next_step)])
+                if next_step >= self.graph.steps_read_back:  # no stage reads that step's results any more
+                    self.store.delete_results(
+                        [job.id for job in self.graph.logged_jobs(next_step - self.graph.steps_read_back)])
                 last_test.update({k.removeprefix(TEST): v for k, v in record.items() if k.startswith(TEST)})
                 bar.set_postfix(reward=f"{record[REWARD_MEAN]:.2f}", verifier=f"{record[VERIFIER_ACCURACY]:.2f}",
                                 **{f"test_{k}": f"{v:.2f}" for k, v in last_test.items()})

@@ -41,8 +41,8 @@ class JobStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Logged:
-    """Where the run stands, as the driver writes it down when it logs a step, before it deletes that step's results
-    (run.py): stages that need a deleted result read it here (stages.policy_version_after, reward_version_after)."""
+    """Where the run stands, as the driver writes it down when it logs a step (run.py): where a resumed run starts
+    (the step after `through`, the data after `data_offset`) and the versions it should find the services at."""
 
     through: int = -1
     """The last step logged; -1 before the first."""

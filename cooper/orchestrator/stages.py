@@ -133,15 +133,9 @@ class InconsistentRun(RuntimeError):
 
 
 def reward_version_after(ctx: StageContext, step: int) -> int:
-    """VerifyRM's version after reward_update(`step`); once that step was logged (and its results deleted), the run
-    state's, which the driver sets from the same result before deleting it."""
-    try:
-        return ctx.reward_update(step).reward_version
-    except KeyError:
-        logged = ctx.store.logged()
-        if logged.through >= step and logged.reward_version is not None:
-            return logged.reward_version
-        raise
+    """VerifyRM's version after reward_update(`step`) (its result is kept while a stage may read it:
+    StepGraph.steps_read_back)."""
+    return ctx.reward_update(step).reward_version
 
 
 def expect_version(service: str, actual: int, expected: int, job: str) -> None:
@@ -160,15 +154,8 @@ def expect_version(service: str, actual: int, expected: int, job: str) -> None:
 
 def policy_version_after(ctx: StageContext, step: int) -> int:
     """The policy version policy_update(`step`) made; step -1: the version the run started from (rollout(0)'s).
-    Every policy_update adds exactly one version (`expect_version` checks it), so once a step is logged and its
-    results deleted, the run state's last logged version gives every earlier one."""
-    try:
-        return ctx.policy_update(step).policy_version if step >= 0 else ctx.rollout(0).policy_version
-    except KeyError:
-        logged = ctx.store.logged()
-        if logged.through >= max(step, 0) and logged.policy_version is not None:
-            return logged.policy_version - (logged.through - step)
-        raise
+    Their results are kept while a stage may read them (StepGraph.steps_read_back)."""
+    return ctx.policy_update(step).policy_version if step >= 0 else ctx.rollout(0).policy_version
 
 
 def sample(ctx: StageContext, job: str, version: int | None, prompts: list[tuple[str, str]], *, n: int,

@@ -6,5 +6,6 @@
 - `models.py`, `devices.py`, `vllm_support.py`: model names to directories, devices and dtypes, what every vLLM engine
   needs.
 - `durability.py`, `checkpoint.py`, `journal.py`, `ledger.py`, `files.py`: how a trainer keeps what it answered
-  (background checkpoints, the update journal, idempotency keys, atomic files).
+  (background checkpoints, the update journal, idempotency keys, atomic files); `durable_trainer.py`: that
+  bookkeeping as one piece both trainers use (the update count, keyed results, replay, checkpoint state).
 """

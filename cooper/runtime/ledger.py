@@ -5,15 +5,26 @@ The orchestrator keys every update by its run and step. A trainer that sees a ke
 it recorded then and trains nothing, so a call retried after a lost answer, a restarted stage or a resumed run is
 applied once. The ledger travels in the trainer's checkpoints and comes back with its update journal; it keeps the
 latest `keep` keys only, since the orchestrator retries only its latest steps.
+
+No torch here: the services' message modules take `SavedCheckpoint` from this module.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """What a trainer's Save answers: the checkpoint's directory (complete) and the model version it holds."""
+
+    path: str
+    version: int
 
 
 def idempotency_key(run_id: str, step: int) -> str:

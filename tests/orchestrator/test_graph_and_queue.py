@@ -131,6 +131,21 @@ def test_reward_updates_behind_read_exactly_the_version_k_updates_back():
         StepGraph("cooper", 2, 0, reward_staleness=-1)
 
 
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize(("max_staleness", "reward_staleness"), [(0, 0), (1, 0), (0, 1), (2, 1), (1, 2)])
+def test_no_job_reads_a_result_the_driver_has_deleted(mode: str, max_staleness: int, reward_staleness: int):
+    # A stage reads results of its own step and of its dependencies (stages.py: the versions rollouts and scores
+    # must find, the update before an update). Job j of step t runs while at most step t-1 is logged, and logging
+    # step L deletes the results of step L - steps_read_back (run.py).
+    graph = StepGraph(mode, steps=12, eval_every=3, max_staleness=max_staleness, reward_staleness=reward_staleness)
+    for t in range(12):
+        for job in graph.jobs(t):
+            newest_logged = t - 1
+            for read in graph.dependencies(job):
+                assert read.step > newest_logged - graph.steps_read_back, (job.id, read.id)
+    assert StepGraph(mode, 4, 0).steps_read_back == 1  # the paper's order: only the step just logged is read on
+
+
 def test_reward_updates_behind_stay_within_the_alarms_reach():
     tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
     assert load_config(tiny, ["run.reward_max_staleness=2", "alarm.mode=act"], environ={}).run.reward_max_staleness == 2

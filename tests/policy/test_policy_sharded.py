@@ -30,9 +30,10 @@ from test_policy_server import Served
 from cooper.config import PolicyConfig
 from cooper.runtime.client import ServiceUnavailable
 from cooper.services.policy.client import PolicyClient
-from cooper.services.policy.core import PolicyCore, resolve_world_size
+from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.sharded import split_batch
 from cooper.services.policy.trainer import RolloutSample
+from cooper.services.policy.updaters import resolve_world_size
 
 # 3 prompts x 3 completions = 9 samples: the ranks get 5 and 4, so with micro-batches of 2 rank 1 runs a masked
 # dummy pass to match rank 0's third one, and one prompt's group straddles the two ranks.

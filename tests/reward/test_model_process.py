@@ -128,7 +128,7 @@ def test_a_failed_journal_write_ends_the_model_process_and_a_restart_applies_the
     asyncio.run(main())
     journal.unlink()
     restarted = RewardCore.load(make_config(tmp_path))
-    assert restarted.rm.version == 0 and restarted.durable.saved_sequence is None  # nothing of it was saved on stop
+    assert restarted.rm.version == 0 and restarted.durable.durability.saved_sequence is None  # nothing of it was saved on stop
     once = RewardCore.load(make_config(tmp_path / "once"))
     retry, expected = restarted.apply_update("run/0", pairs), once.apply_update("run/0", pairs)
     assert (retry.version, retry.replayed, retry.loss) == (1, False, expected.loss)

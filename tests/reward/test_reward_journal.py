@@ -30,7 +30,7 @@ def state_of(core: RewardCore) -> tuple[dict[str, torch.Tensor], dict, list, tup
     core.durable.wait()
     optimizer = core.rm.optimizer_state()
     return ({k: v.clone() for k, v in core.rm.model.state_dict().items()}, optimizer, list(core._replay),
-            (core.rm.version, core.updates, core.last_key, core.ledger.results()))
+            (core.rm.version, core.updates, core.last_key, core.durable.ledger.results()))
 
 
 def assert_same(a: tuple, b: tuple) -> None:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from cooper.config import ConfigError, GeneratorConfig
 from cooper.services.generator.messages import NegativeItem, NegativeResult
-from cooper.services.generator.negatives import RULE_STRATEGIES, NegativeTask, RuleStrategy, make_negatives
+from cooper.services.generator.negatives import RULE_STRATEGIES, NegativeTask, RuleStrategy, make_negatives, rule_name
 from cooper.services.verifier.messages import Check, VerifyResult, as_checks
 
 
@@ -25,11 +25,12 @@ class PairVerifier(Protocol):
 
 class InProcessGenerator:
     def __init__(self, config: GeneratorConfig, verifier: PairVerifier):
-        if config.strategy not in RULE_STRATEGIES:
+        rule = rule_name(config.strategy)
+        if rule is None:
             raise ConfigError(f"generator.strategy={config.strategy} needs an assistant model, which only the "
                               f"generator service runs; in one process the strategy is one of {RULE_STRATEGIES}")
         self.config = config
-        self.strategy = RuleStrategy(config.strategy)
+        self.strategy = RuleStrategy(rule)
         self.verifier = verifier
 
     async def _verify(self, pairs: list[tuple[str, str]]) -> list[Check]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from cooper.services.generator.assistant import Assistant, ChatRequest
 from cooper.services.generator.perturb import answer_style, perturb
@@ -85,22 +85,32 @@ class Strategy(Protocol):
     async def propose(self, tasks: Sequence[NegativeTask], attempt: int) -> list[Candidate]: ...
 
 
-RULE_STRATEGIES = ("perturb", "varied")
-"""The strategies that need no model (generator.strategy); `llm` needs the assistant."""
+RuleName = Literal["perturb", "varied"]
+
+REWRITES: dict[RuleName, Callable[[str, int, str], str | None]] = {"perturb": perturb, "varied": varied}
+"""The strategies that need no model (generator.strategy), each a rewrite of the positive: `perturb` changes its
+final answer (perturb.py); `varied` writes the kinds of wrong solutions an assistant writes (varied.py). The one
+other strategy, `llm`, needs the assistant."""
+
+RULE_STRATEGIES: tuple[RuleName, ...] = tuple(REWRITES)
+
+
+def rule_name(strategy: str) -> RuleName | None:
+    """`strategy` as a rule strategy's name; None for one that needs a model."""
+    return next((name for name in REWRITES if name == strategy), None)
 
 
 class RuleStrategy:
-    """Rule-based, no model: `perturb` changes the positive's final answer (perturb.py); `varied` writes the kinds
-    of wrong solutions an assistant writes (varied.py)."""
+    """Rule-based, no model: one of REWRITES."""
 
-    def __init__(self, name: str = "perturb"):
+    def __init__(self, name: RuleName = "perturb"):
         self.name = name
-        self.rewrite = {"perturb": perturb, "varied": varied}[name]
+        self.rewrite = REWRITES[name]
 
     async def propose(self, tasks: Sequence[NegativeTask], attempt: int) -> list[Candidate]:
         out = []
         for task in tasks:
-            text = self.rewrite(task.positive, attempt, seed=task.id)
+            text = self.rewrite(task.positive, attempt, task.id)
             out.append(Candidate(text) if text else Candidate("", f"{self.name} found no final answer in the positive"))
         return out
 

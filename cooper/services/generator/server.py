@@ -19,12 +19,12 @@ from cooper.runtime.server import GrpcService
 from cooper.services.generator.assistant import Assistant, AssistantError, build_assistant
 from cooper.services.generator.judge import JudgeTask, judge
 from cooper.services.generator.negatives import (
-    RULE_STRATEGIES,
     LLMStrategy,
     NegativeTask,
     RuleStrategy,
     Strategy,
     make_negatives,
+    rule_name,
 )
 from cooper.services.verifier.client import VerifierClient
 from cooper.services.verifier.messages import Check, as_checks
@@ -70,8 +70,9 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         self.verify = verify
 
     async def _strategy(self) -> Strategy:
-        if self.config.strategy in RULE_STRATEGIES:
-            return RuleStrategy(self.config.strategy)
+        rule = rule_name(self.config.strategy)
+        if rule is not None:
+            return RuleStrategy(rule)
         return LLMStrategy(await self.assistant.get(), self.config.temperature, self.config.extra_tokens)
 
     async def Negatives(

@@ -11,13 +11,13 @@ from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.policy.v1 import policy_pb2, policy_pb2_grpc
 from cooper.runtime.client import ServiceClient
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.services.policy.errors import StaleRollout, VersionNotHeld
 from cooper.services.policy.messages import (
     Completion,
     Generation,
     PolicyInfo,
     RestoreResult,
-    SavedCheckpoint,
     TrainResult,
 )
 

@@ -5,9 +5,10 @@ operation holds one lock: generation and training share the weights, so they mus
 rollouts ahead of training (`behind` = run.max_staleness > 0): the engine then samples from weights of its own, a
 version the trainer already left when asked (sampler.py), and Generate runs while Train does.
 
-Versions: 0 is the initial model; each applied `train` adds 1. Idempotency (cooper/runtime/ledger.py): the results of
-the most recent `KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the recorded result and
-trains nothing, also after a restart from a checkpoint.
+Versions: 0 is the initial model; each applied `train` or `restore` adds 1. Idempotency (cooper/runtime/ledger.py):
+the results of the most recent `KEY_HISTORY` keys are kept (and checkpointed), so a retried `train` returns the
+recorded result and trains nothing, also after a restart from a checkpoint. The version, the keyed results and the
+journal's replay are kept by a `DurableTrainer` (cooper/runtime/durable_trainer.py), as VerifyRM's are.
 
 Durability (policy.save_every, save_in_background, journal): every applied `train` is appended to the update journal
 before it returns; a full checkpoint is written every `save_every` updates, from an in-memory copy on a background
@@ -20,9 +21,9 @@ a copy of the state every `save_every` updates.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,70 +31,25 @@ import torch
 from transformers import AutoTokenizer
 
 from cooper.config import PolicyConfig
-from cooper.runtime.checkpoint import (
-    POLICY,
-    checkpoint_name,
-    complete_checkpoints,
-    latest_checkpoint,
-    read_optimizer_state,
-    read_state,
-)
+from cooper.runtime.checkpoint import POLICY, checkpoint_name, latest_checkpoint, read_state
 from cooper.runtime.devices import resolve_autocast, resolve_device
 from cooper.runtime.durability import Durability
-from cooper.runtime.ledger import Ledger
+from cooper.runtime.durable_trainer import DurableTrainer
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.runtime.models import load_causal_lm, resolve_model
+from cooper.services.policy.checks import check_rollout, check_staleness
 from cooper.services.policy.engine import Completion, RolloutEngine, SamplingParams
-from cooper.services.policy.errors import (
-    GroupLost,
-    NotOffered,
-    RankFailure,
-    RanksRestarted,
-    StaleRollout,
-    VersionNotHeld,
-)
-from cooper.services.policy.messages import RestoreResult, TrainResult
+from cooper.services.policy.errors import GroupLost, NotOffered, RankFailure, RanksRestarted
+from cooper.services.policy.messages import PolicyInfo, RestoreResult, TrainResult
 from cooper.services.policy.models import load_reference
-from cooper.services.policy.placement import Placement, launched
-from cooper.services.policy.sampler import BehindSampler
-from cooper.services.policy.trainer import (
-    GRPOTrainer,
-    PolicyUpdater,
-    RolloutSample,
-    rollout_samples,
-    rollout_tensors,
-)
+from cooper.services.policy.placement import launched
+from cooper.services.policy.sampler import BehindSampler, CurrentSampler
+from cooper.services.policy.trainer import PolicyUpdater, RolloutSample, rollout_samples, rollout_tensors
+from cooper.services.policy.updaters import load_weights_in_place, new_updater, resolve_world_size
 
 log = logging.getLogger("cooper.policy")
 
 KEY_HISTORY = 256
-
-
-def resolve_world_size(world_size: int | str, device: torch.device, place: Placement | None = None) -> int:
-    """policy.world_size as a number of ranks; more ranks than devices is an error that says what to change. Under a
-    launcher (`place`) the group is the launcher's: policy.world_size is auto, 1 (the default) or its WORLD_SIZE."""
-    if place is not None:
-        if world_size not in ("auto", 1, place.world_size):
-            raise RuntimeError(f"policy.world_size is {world_size} but the launcher started {place.world_size} ranks "
-                               "(WORLD_SIZE); set policy.world_size=auto under torchrun")
-        ranks, here = place.world_size, place.local_world_size
-    elif world_size == "auto":
-        return torch.cuda.device_count() if device.type == "cuda" else 1
-    else:
-        ranks = here = int(world_size)
-    node = f" ({here} on this node)" if place is not None else ""
-    if device.type == "cuda" and here > torch.cuda.device_count():
-        raise RuntimeError(
-            f"policy.world_size is {ranks}{node} but {torch.cuda.device_count()} CUDA devices are visible; lower "
-            "policy.world_size (or set it to auto) or give the service more GPUs (compose: POLICY_GPUS, Kubernetes: "
-            "the pod's nvidia.com/gpu)"
-        )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if device.type == "cpu" and here > cores:
-        raise RuntimeError(
-            f"policy.world_size is {ranks}{node} but only {cores} CPU cores are available to run the ranks on; "
-            "lower policy.world_size"
-        )
-    return ranks
 
 
 def build_engine(cfg: PolicyConfig, model: Any, tokenizer: Any, autocast: torch.dtype | None, path: str,
@@ -123,6 +79,22 @@ def journal_record(key: str, samples: Sequence[RolloutSample], rewards: Sequence
             "rewards": torch.tensor(list(rewards), dtype=torch.float64), "group_size": group_size, "metrics": metrics}
 
 
+PolicyRecord = TrainResult | RestoreResult
+"""What the ledger keeps per key: the Train or the Restore that applied it, as it answered."""
+
+
+def encode_record(record: PolicyRecord) -> dict[str, Any]:
+    return {key: value for key, value in asdict(record).items() if key != "replayed"}
+
+
+def decode_record(saved: Mapping[str, Any]) -> PolicyRecord:
+    # Checkpoints written before the records were typed keep a Restore's version under "metrics".
+    restored = saved.get("restored_version", saved.get("metrics", {}).get("restored_version"))
+    if restored is not None:
+        return RestoreResult(int(restored), int(saved["version"]), str(saved.get("checkpoint", "")), False)
+    return TrainResult(dict(saved["metrics"]), int(saved["version"]), False)
+
+
 class PolicyCore:
     """Loads the policy (from the latest checkpoint in `cfg.checkpoint_dir` when there is one) and serves it.
     `behind` (run.max_staleness): how many versions before the trainer's Generate can still sample from."""
@@ -139,9 +111,10 @@ class PolicyCore:
         self.world_size = resolve_world_size(cfg.world_size, self.device, self.place)
         self.autocast = resolve_autocast(cfg.dtype, self.device)
         self.initial_path = resolve_model(cfg.model, "causal")
-        self.durable = Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every,
-                                  keep_checkpoints=cfg.keep_checkpoints, journal=cfg.journal,
-                                  service="policy", rebuild=behind)
+        self.durable: DurableTrainer[PolicyRecord] = DurableTrainer(
+            Durability(cfg.checkpoint_dir, POLICY, save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints,
+                       journal=cfg.journal, service="policy", rebuild=behind),
+            KEY_HISTORY, encode_record, decode_record)
         checkpoint = self.durable.start()
         weights_path = str(checkpoint) if checkpoint else self.initial_path
         self.tokenizer = AutoTokenizer.from_pretrained(weights_path)
@@ -153,27 +126,28 @@ class PolicyCore:
             self.reference = load_reference(cfg, self.initial_path, self.autocast, self.device)
         self.trainer = self._new_updater(weights_path, checkpoint)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
-        self.version = 0
-        self.ledger: Ledger[dict[str, Any]] = Ledger(KEY_HISTORY)
-        """Per key: {"metrics", "version"} of the Train or Restore that applied it (a Restore's also "checkpoint")."""
-        self.abandoned: list[tuple[int, int]] = []
-        """Version ranges a restore left behind (first, last): their checkpoints are another branch's weights."""
         if checkpoint:
-            self._restore_state(checkpoint)
+            self._resume(checkpoint)
         self._lock = threading.Lock()
         """The trainer's: Train, Save, Restore; and Generate unless the engine samples from weights of its own."""
         self.engine = build_engine(cfg, self.model, self.tokenizer, self.autocast, weights_path,
                                    own_weights=bool(behind))
-        self.sampler = BehindSampler(self.engine, behind, self._lock) if behind else None
+        # The sampling route, chosen once: from the trainer's weights under its lock, or from versions kept behind it.
+        self.sampler: CurrentSampler | BehindSampler = (
+            BehindSampler(self.engine, behind, self._lock) if behind else CurrentSampler(self.engine, self._lock))
         self._replay_journal()
         self.parameters = sum(p.numel() for p in self.model.parameters())
 
-    def _restore_state(self, checkpoint: Any) -> None:
-        state = read_state(checkpoint)
-        self.version = int(state["version"])
-        self.ledger = Ledger(KEY_HISTORY, state.get("history", {}), state.get("last_key", ""))
-        self.abandoned = [(int(first), int(last)) for first, last in state.get("abandoned", [])]
-        self.durable.loaded(checkpoint, self.version)
+    @property
+    def version(self) -> int:
+        return self.durable.sequence
+
+    @property
+    def last_key(self) -> str:
+        return self.durable.last_key
+
+    def _resume(self, checkpoint: Path) -> None:
+        self.durable.resume(checkpoint, read_state(checkpoint))
         log.info("policy resumed from %s (version %d, last key %r)", checkpoint, self.version, self.last_key)
 
     def _replay_journal(self) -> None:
@@ -182,43 +156,21 @@ class PolicyCore:
         The update is a deterministic function of the weights, the AdamW state and the journaled rollout (no dropout,
         no sampling), so on the same kind of CPU the weights come back bit for bit; on a GPU to within its kernels'
         rounding. The recorded result (what Train answered) is what a retried Train gets, not the replay's."""
-        entries = self.durable.entries_after(self.version, self.last_key)
-        for entry in entries:
-            if self.sampler:  # the versions behind the trainer come back too (Durability keeps their journal)
-                self.sampler.keep(self.version, self.model)
+
+        def apply(entry: dict[str, Any]) -> TrainResult:
+            self.sampler.keep(self.version, self.model)  # versions behind the trainer come back too (their journal)
             self.trainer.train_step(rollout_samples(entry["rollout"]), entry["rewards"].tolist(), entry["group_size"])
-            self.version += 1
-            self._record(entry["key"], entry["metrics"])
-        if entries:
-            self._sync_engine()
-            log.info("policy applied %d journaled updates again (now version %d, last key %r)", len(entries),
+            return TrainResult(entry["metrics"], self.version + 1, False)
+
+        applied = self.durable.replay(apply)
+        if applied:
+            self.sampler.synced()
+            log.info("policy applied %d journaled updates again (now version %d, last key %r)", applied,
                      self.version, self.last_key)
 
-    @property
-    def last_key(self) -> str:
-        return self.ledger.last_key
-
-    def _record(self, key: str, metrics: dict[str, float]) -> None:
-        self.ledger.record(key, {"metrics": metrics, "version": self.version})
-
-    def _new_updater(self, weights_path: str, checkpoint: Any) -> PolicyUpdater:
-        """The updater of `self.model` (loaded from `weights_path`), with the optimizer state of `checkpoint` (None:
-        a fresh optimizer): a trainer in this process, or with world_size > 1 the ranks, which hold the sharded
-        weights, optimizer and reference and load their shards of `checkpoint` themselves; `self.model` stays rank
-        0's full copy, which the engine samples from and checkpoints save (ranks/group.py)."""
-        if self.world_size == 1:
-            trainer = GRPOTrainer.from_config(self.model, self.reference, self.cfg, self.tokenizer.pad_token_id,
-                                              self.autocast)
-            if checkpoint:
-                trainer.load_optimizer_state(read_optimizer_state(checkpoint))
-            return trainer
-        # Imported here only: FSDP's modules take about a second to import, which one rank never needs.
-        from cooper.services.policy.ranks.control import RankSpec
-        from cooper.services.policy.ranks.group import RankGroup
-
-        spec = RankSpec(self.cfg, self.world_size, weights_path, self.initial_path,
-                        str(checkpoint) if checkpoint else None, self.tokenizer.pad_token_id)
-        return RankGroup(spec, self.model, self.place)
+    def _new_updater(self, weights_path: str, checkpoint: Path | None) -> PolicyUpdater:
+        return new_updater(self.cfg, self.world_size, self.model, self.reference, self.tokenizer.pad_token_id,
+                           self.autocast, self.place, weights_path, self.initial_path, checkpoint)
 
     def _restart_ranks(self, failure: RankFailure) -> RanksRestarted | GroupLost:
         """After a rank failed: kill the group, load the latest checkpoint into rank 0's model (in place, so the
@@ -235,27 +187,20 @@ class PolicyCore:
         self.durable.wait()  # its copy was taken before the failure: let it land, it is the latest
         checkpoint = latest_checkpoint(self.cfg.checkpoint_dir)
         weights_path = str(checkpoint) if checkpoint else self.initial_path
-        self._load_weights_in_place(weights_path)
+        load_weights_in_place(self.model, weights_path)
         # Version and keys go back with the weights, before the ranks start: if starting them fails too, what this
         # service reports still matches what it samples from, and the next Train tries the start again.
         if checkpoint:
-            self._restore_state(checkpoint)
+            self._resume(checkpoint)
         else:
-            self.version, self.ledger, self.abandoned = 0, Ledger(KEY_HISTORY), []
-            self.durable.loaded("", 0)
-        self._sync_engine()
+            self.durable.reset()
+        self.sampler.synced()
         self.trainer = self._new_updater(weights_path, checkpoint)
         self._replay_journal()
         return RanksRestarted(
             f"{failure}; the update was not applied. The policy service restarted its {self.world_size} ranks from "
             f"{weights_path} (version {self.version}); retry the call"
         )
-
-    def _load_weights_in_place(self, weights_path: str) -> None:
-        """The weights of `weights_path` into `self.model` (in place: the engine and the ranks keep its module)."""
-        fresh = load_causal_lm(weights_path, torch.float32, torch.device("cpu"))
-        self.model.load_state_dict(fresh.state_dict())
-        del fresh
 
     def close(self) -> None:
         """Let a background checkpoint finish; stop the other ranks (world_size > 1)."""
@@ -264,29 +209,12 @@ class PolicyCore:
             self.trainer.close()
             self.engine.close()
 
-    def _sync_engine(self) -> None:
-        """After the trainer's weights changed: the engine samples the new ones. An engine with weights of its own
-        behind the trainer loads a version when a Generate asks for it instead (sampler.py)."""
-        if self.sampler is None:
-            self.engine.sync_weights()
-
     def generate(self, prompts: Sequence[str], sampling: SamplingParams, version: int | None = None
                  ) -> tuple[list[list[Completion]], int]:
         """`sampling.n` completions per prompt, in prompt order, and the version that sampled them: `version`
         (VersionNotHeld when the service does not hold it), or the current one when None."""
         self.durable.check_journaled()
-        if self.sampler is not None:
-            wanted = self.version if version is None else version
-            if not prompts:
-                return [], wanted
-            return self.sampler.generate(list(prompts), sampling, wanted, lambda: self.version, self.model), wanted
-        with self._lock:
-            if version is not None and version != self.version:
-                raise VersionNotHeld(f"policy version {version} is not held here: the service is at version "
-                                     f"{self.version} and keeps no other (run.max_staleness 0)")
-            if not prompts:
-                return [], self.version
-            return self.engine.generate(list(prompts), sampling), self.version
+        return self.sampler.generate(list(prompts), sampling, version, lambda: self.version, self.model)
 
     def train(self, key: str, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int,
               sampled_version: int | None = None) -> TrainResult:
@@ -296,30 +224,28 @@ class PolicyCore:
         if not key:
             raise ValueError("Train needs an idempotency key (key.run_id and key.step)")
         with self._lock:
-            self.durable.check_journaled()
-            recorded = self.ledger.recorded(key)
+            recorded = self.durable.recorded(key)
+            if isinstance(recorded, RestoreResult):
+                raise ValueError(f"key {key!r} was a Restore's; give the Train a key of its own")
             if recorded is not None:
-                if "restored_version" in recorded["metrics"]:
-                    raise ValueError(f"key {key!r} was a Restore's; give the Train a key of its own")
-                return TrainResult(dict(recorded["metrics"]), int(recorded["version"]), True)
-            self._check_rollout(samples, rewards, group_size)
-            self._check_staleness(samples, self.version if sampled_version is None else sampled_version)
+                return replace(recorded, metrics=dict(recorded.metrics), replayed=True)
+            check_rollout(samples, rewards, group_size, self.vocab_size)
+            check_staleness(samples, self.version if sampled_version is None else sampled_version, self.version,
+                            self.behind, self.cfg.grpo.rollout_is_cap)
             try:
-                if self.sampler:  # rollouts still to come may sample this version after the update leaves it
-                    self.sampler.keep(self.version, self.model)
+                # Rollouts still to come may sample this version after the update leaves it.
+                self.sampler.keep(self.version, self.model)
                 metrics = self.trainer.train_step(samples, rewards, group_size)
-                self.version += 1
-                # Before the answer: an update this service answered is never lost. A failed write leaves this
-                # service refusing every call until a restart (UnjournaledUpdate): the key is not recorded yet.
-                self.durable.record(self.version, self.last_key,
-                                    journal_record(key, samples, rewards, group_size, metrics))
-                self._sync_engine()
-                self._record(key, metrics)
-                if self.durable.due(self.version):
+                # Journaled before the answer: an update this service answered is never lost. A failed write leaves
+                # this service refusing every call until a restart (UnjournaledUpdate): the key is not recorded yet.
+                result = TrainResult(metrics, self.version + 1, False)
+                self.durable.commit(key, result, journal_record(key, samples, rewards, group_size, metrics))
+                self.sampler.synced()
+                if self.durable.due():
                     self._save("", background=self.cfg.save_in_background)
             except RankFailure as failure:  # only with world_size > 1
                 raise self._restart_ranks(failure) from failure
-            return TrainResult(metrics, self.version, False)
+            return replace(result, metrics=dict(metrics))
 
     def restore(self, key: str, at_most_version: int) -> RestoreResult:
         """Roll back to the newest kept checkpoint at or below `at_most_version` (the initial model when none is
@@ -332,108 +258,53 @@ class PolicyCore:
         if at_most_version < 0:
             raise ValueError(f"at_most_version must be at least 0 (got {at_most_version})")
         with self._lock:
-            self.durable.check_journaled()
-            recorded = self.ledger.recorded(key)
+            recorded = self.durable.recorded(key)
+            if isinstance(recorded, TrainResult):
+                raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
             if recorded is not None:
-                if "restored_version" not in recorded["metrics"]:
-                    raise ValueError(f"key {key!r} was a Train's; give the Restore a key of its own")
-                return RestoreResult(int(recorded["metrics"]["restored_version"]), int(recorded["version"]),
-                                     str(recorded.get("checkpoint", "")), True)
+                return replace(recorded, replayed=True)
             if self.place is not None:
                 raise NotOffered("Restore is not available yet for a policy launched across machines "
-                                        "(torchrun); run the reward-hacking alarm with alarm.action=warn there")
-            if self.sampler is not None:
+                                 "(torchrun); run the reward-hacking alarm with alarm.action=warn there")
+            if self.sampler.behind:
                 raise NotOffered("Restore needs run.max_staleness=0: the versions kept behind the trainer "
-                                        "would name weights of two histories")
+                                 "would name weights of two histories")
             self.durable.wait()  # a checkpoint still being written may be the one to restore
-            target, restored_version = self._restore_target(min(at_most_version, self.version))
+            target, restored_version = self.durable.rollback_target(min(at_most_version, self.version))
             weights_path = str(target) if target else self.initial_path
-            self._load_weights_in_place(weights_path)
+            load_weights_in_place(self.model, weights_path)
             self.trainer.close()
             # The checkpoint's optimizer state with its weights (the initial model has none: a fresh optimizer).
             self.trainer = self._new_updater(weights_path, target)
-            if restored_version < self.version:
-                self.abandoned.append((restored_version + 1, self.version))
-            self.version += 1
-            checkpoint = str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version))
+            self.durable.abandon_after(restored_version)
             # The checkpoint's path is recorded with the key and saved with it: a retry after a restart answers the same.
-            self.ledger.record(key, {"metrics": {"restored_version": float(restored_version)}, "version": self.version,
-                                     "checkpoint": checkpoint})
-            self._sync_engine()
+            checkpoint = str(Path(self.cfg.checkpoint_dir) / checkpoint_name(self.version + 1))
+            result = RestoreResult(restored_version, self.version + 1, checkpoint, False)
+            self.durable.commit_saved(key, result)
+            self.sampler.synced()
             self._save(f"restored-v{restored_version}")
             log.warning("policy restored the weights of version %d (%s) as version %d", restored_version,
                         weights_path, self.version)
-            return RestoreResult(restored_version, self.version, checkpoint, False)
+            return result
 
-    def _restore_target(self, at_most_version: int) -> tuple[Path | None, int]:
-        """The newest complete checkpoint of this branch at or below `at_most_version` and its version (from its
-        name, "v<version>"); (None, 0): the initial model."""
-        for path in reversed(complete_checkpoints(self.cfg.checkpoint_dir)):
-            version = int(path.name[1:])
-            if version <= at_most_version and not any(first <= version <= last for first, last in self.abandoned):
-                return path, version
-        return None, 0
-
-    def _check_staleness(self, samples: Sequence[RolloutSample], sampled_version: int) -> None:
-        """StaleRollout unless a rollout sampled by `sampled_version` may be trained on now.
-        A rollout behind the trainer is trained with each token weighted by min(pi_old / pi_sampled, cap)
-        (trainer.py), so it needs every completion's sampling log-probs: without them the update would silently
-        treat it as sampled by the current weights (weight 1)."""
-        behind = self.version - sampled_version
-        if behind < 0:
-            raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, but the trainer is at "
-                               f"version {self.version}: a version not made yet")
-        if behind > self.behind:
-            raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, {behind} versions behind "
-                               f"the trainer's version {self.version}; run.max_staleness={self.behind} allows at "
-                               f"most {self.behind}")
-        if behind:
-            missing = sum(not s.has_rollout_logprobs for s in samples)
-            if missing:
-                raise StaleRollout(f"the rollout was sampled by policy version {sampled_version}, behind the trainer's "
-                                   f"version {self.version}, and {missing} of its {len(samples)} completions have no "
-                                   "sampling log-probs (one per token): the importance correction needs them; send "
-                                   "the completions as Generate returned them")
-            if self.cfg.grpo.rollout_is_cap is None:
-                raise StaleRollout("a rollout behind the trainer needs policy.grpo.rollout_is_cap (the importance "
-                                   "correction's cap); run.max_staleness > 0 sets it to 2.0 when unset")
-
-    def _check_rollout(self, samples: Sequence[RolloutSample], rewards: Sequence[float], group_size: int) -> None:
-        if group_size < 2:
-            raise ValueError(f"group_size must be at least 2 (got {group_size}): a group of one has no relative signal")
-        if not samples or len(samples) % group_size:
-            raise ValueError(f"{len(samples)} completions do not split into groups of {group_size}")
-        if len(rewards) != len(samples):
-            raise ValueError(f"{len(samples)} completions but {len(rewards)} rewards; give one reward per completion")
-        for start in range(0, len(samples), group_size):
-            if any(s.prompt_token_ids != samples[start].prompt_token_ids for s in samples[start : start + group_size]):
-                raise ValueError(
-                    f"completions {start}..{start + group_size - 1} do not share one prompt: send the rollout "
-                    "grouped by prompt, `group_size` per prompt, as Generate returned it"
-                )
-        for i, s in enumerate(samples):
-            ids = s.prompt_token_ids + s.completion_token_ids
-            if not s.prompt_token_ids or any(t < 0 or t >= self.vocab_size for t in ids):
-                raise ValueError(f"completion {i} has an empty prompt or a token id outside [0, {self.vocab_size})")
-
-    def save(self, tag: str = "") -> tuple[str, int]:
+    def save(self, tag: str = "") -> SavedCheckpoint:
         with self._lock:
             try:
-                return self._save(tag), self.version
+                return SavedCheckpoint(self._save(tag), self.version)
             except RankFailure as failure:  # only with world_size > 1
                 raise self._restart_ranks(failure) from failure
 
     def save_if_unsaved(self, tag: str) -> str | None:
         """Save when updates were applied since the last checkpoint (policy.save_on_stop); None when nothing was."""
         with self._lock:
-            self.durable.wait()
-            if self.durable.unjournaled_on_stop():
-                return None
-            if self.trainer.closed:  # a group lost across machines: no state to gather
-                log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "
-                            "update since the last checkpoint")
-                return None
-            return self._save(tag) if self.durable.unsaved(self.version) else None
+            return self.durable.save_if_unsaved(lambda: self._save_unless_gone(tag))
+
+    def _save_unless_gone(self, tag: str) -> str | None:
+        if self.trainer.closed:  # a group lost across machines: no state to gather
+            log.warning("policy: the ranks are gone, so nothing is saved on stop; the update journal holds every "
+                        "update since the last checkpoint")
+            return None
+        return self._save(tag)
 
     def wait_for_saves(self) -> None:
         """Return once no background checkpoint is being written."""
@@ -442,19 +313,10 @@ class PolicyCore:
     def _save(self, tag: str, background: bool = False) -> str:
         """Write a checkpoint of the current state and return its directory; `background`: from a copy, on the
         background thread (returns at once; the directory is complete once the write lands)."""
-        state = {"version": self.version, "last_key": self.last_key, "history": self.ledger.results(), "tag": tag,
-                 "model": self.cfg.model, "abandoned": [list(r) for r in self.abandoned]}
-        return self.durable.save(self.model, self.tokenizer, self.trainer.optimizer_state, state, self.version,
-                                 background)
+        state = self.durable.state(tag, version=self.version, model=self.cfg.model)
+        return self.durable.save(self.model, self.tokenizer, self.trainer.optimizer_state, state, background)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> PolicyInfo:
         # No lock: a snapshot of plain attributes, so Info answers at once even during a long Train.
-        return {
-            "model": self.cfg.model,
-            "version": self.version,
-            "parameters": self.parameters,
-            "device": str(self.device),
-            "engine": self.engine.name,
-            "last_key": self.last_key,
-            "checkpoint": self.durable.latest,
-        }
+        return PolicyInfo(self.cfg.model, self.version, self.parameters, str(self.device), self.engine.name,
+                          self.last_key, self.durable.latest)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cooper.config import PolicyConfig
-from cooper.runtime.ledger import idempotency_key
+from cooper.runtime.ledger import SavedCheckpoint, idempotency_key
 from cooper.services.policy.core import PolicyCore
 from cooper.services.policy.engine import SamplingParams
 from cooper.services.policy.messages import (
@@ -18,7 +18,6 @@ from cooper.services.policy.messages import (
     Generation,
     PolicyInfo,
     RestoreResult,
-    SavedCheckpoint,
     TrainResult,
 )
 from cooper.services.policy.trainer import RolloutSample
@@ -47,10 +46,10 @@ class InProcessPolicy:
         return self.core.train(idempotency_key(run_id, step), samples, list(rewards), group_size, sampled_version)
 
     def info(self) -> PolicyInfo:
-        return PolicyInfo(**self.core.info())
+        return self.core.info()
 
     def save(self, tag: str = "") -> SavedCheckpoint:
-        return SavedCheckpoint(*self.core.save(tag))
+        return self.core.save(tag)
 
     def restore(self, run_id: str, step: int, at_most_version: int) -> RestoreResult:
         return self.core.restore(idempotency_key(run_id, step), at_most_version)

@@ -62,8 +62,3 @@ class PolicyInfo:
     last_key: str
     checkpoint: str
 
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    path: str  # the checkpoint's directory (complete)
-    version: int  # the model version it holds

@@ -1,4 +1,7 @@
-"""Sampling from a version behind the trainer's while the trainer updates (run.max_staleness = k > 0).
+"""The policy's two sampling routes, chosen once when the service starts: from the trainer's own weights under its
+lock (`CurrentSampler`, run.max_staleness = 0), or from a version behind the trainer's while the trainer updates
+(`BehindSampler`, run.max_staleness = k > 0). Both answer `generate(prompts, sampling, version, current, model)`
+with the completions and the version that sampled them, `keep` before each update and `synced` after it.
 
 Which versions are asked for: rollout(t) samples version max(0, t-k) and always runs before policy_update(t)
 (cooper/orchestrator/graph.py), so while the trainer is at version W (policy_update(W-1) applied) every rollout
@@ -23,7 +26,34 @@ from cooper.services.policy.engine import Completion, SamplingParams
 from cooper.services.policy.errors import VersionNotHeld
 
 
+class CurrentSampler:
+    """Samples the trainer's current weights only, from the engine that shares them, under the trainer's lock: a
+    Generate waits for a Train under way, and the weights never change under it."""
+
+    behind = 0
+
+    def __init__(self, engine: Any, trainer_lock: threading.Lock):
+        self.engine, self._trainer_lock = engine, trainer_lock
+
+    def keep(self, version: int, model: Any) -> None:
+        """Nothing: no rollout asks for a version the trainer has left."""
+
+    def synced(self) -> None:
+        """The trainer's weights changed: the engine samples the new ones."""
+        self.engine.sync_weights()
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams, version: int | None,
+                 current: Callable[[], int], model: Any) -> tuple[list[list[Completion]], int]:
+        with self._trainer_lock:
+            if version is not None and version != current():
+                raise VersionNotHeld(f"policy version {version} is not held here: the service is at version "
+                                     f"{current()} and keeps no other (run.max_staleness 0)")
+            return (self.engine.generate(prompts, sampling) if prompts else []), current()
+
+
 class BehindSampler:
+    """Samples `version` from weights of the engine's own, loaded from a kept copy or from the trainer."""
+
     def __init__(self, engine: Any, behind: int, trainer_lock: threading.Lock):
         if behind < 1:
             raise ValueError(f"a sampler behind the trainer keeps at least one version (got {behind})")
@@ -49,13 +79,20 @@ class BehindSampler:
         with self._kept_lock:
             return sorted(self._kept)
 
-    def generate(self, prompts: Sequence[str], sampling: SamplingParams, version: int, current: Callable[[], int],
-                 model: Any) -> list[list[Completion]]:
-        """Sample with the weights of `version`; `current()` is the trainer's version and `model` its weights."""
+    def synced(self) -> None:
+        """Nothing: the engine loads a version when a Generate asks for it."""
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingParams, version: int | None,
+                 current: Callable[[], int], model: Any) -> tuple[list[list[Completion]], int]:
+        """Sample with the weights of `version` (None: the trainer's); `current()` is the trainer's version and
+        `model` its weights."""
+        wanted = current() if version is None else version
+        if not prompts:
+            return [], wanted
         with self._engine_lock:
-            if version != self.engine_version:
-                self._load(version, current, model)
-            return self.engine.generate(prompts, sampling)
+            if wanted != self.engine_version:
+                self._load(wanted, current, model)
+            return self.engine.generate(prompts, sampling), wanted
 
     def _load(self, version: int, current: Callable[[], int], model: Any) -> None:
         self.engine_version = None  # until the load below has finished

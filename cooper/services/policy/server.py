@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, TypeVar
 
 import grpc
@@ -103,12 +104,12 @@ class PolicyServicer(policy_pb2_grpc.PolicyServicer):
 
     async def Info(self, request: policy_pb2.InfoRequest, context: grpc.aio.ServicerContext
                    ) -> policy_pb2.InfoResponse:
-        return policy_pb2.InfoResponse(**await self._run(context, self.core.info))
+        return policy_pb2.InfoResponse(**asdict(await self._run(context, self.core.info)))
 
     async def Save(self, request: common_pb2.SaveRequest, context: grpc.aio.ServicerContext
                    ) -> common_pb2.SaveResponse:
-        path, version = await self._run(context, self.core.save, request.tag)
-        return common_pb2.SaveResponse(path=path, version=version)
+        saved = await self._run(context, self.core.save, request.tag)
+        return common_pb2.SaveResponse(path=saved.path, version=saved.version)
 
     async def Restore(self, request: policy_pb2.RestoreRequest, context: grpc.aio.ServicerContext
                       ) -> policy_pb2.RestoreResponse:

@@ -12,10 +12,10 @@ from cooper.config import SecurityConfig, ServerConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
 from cooper.runtime.client import ServiceClient
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.services.reward.items import (
     ModelInfo,
     PreferencePair,
-    SavedCheckpoint,
     ScoreItem,
     ScoreResult,
     UpdateResult,

@@ -27,9 +27,10 @@ from cooper.config import BatchingConfig, RewardConfig
 from cooper.runtime import checkpoint
 from cooper.runtime.checkpoint import REWARD
 from cooper.runtime.durability import Durability
-from cooper.runtime.ledger import Ledger
+from cooper.runtime.durable_trainer import DurableTrainer
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.runtime.models import resolve_model
-from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
+from cooper.services.reward.items import ModelInfo, PreferencePair, UpdateResult
 from cooper.services.reward.serving_defaults import CALIBRATION_TOKENS, with_batching
 from cooper.services.reward.verify_rm import VerifyRM
 
@@ -55,20 +56,16 @@ class RewardCore:
         self.config = config
         self.batching_reasons: list[str] = []
         """Why load chose the batching settings the config left unset (empty when it set them all)."""
-        self.durable = durable
+        self.durable: DurableTrainer[UpdateResult] = DurableTrainer(
+            durable, RECORDED_RESULTS, asdict, lambda saved: UpdateResult(**saved))
         state = state or {}
-        self.updates: int = state.get("updates", 0)
-        """Update calls applied, skipped ones included: the journal's sequence number."""
-        self.ledger: Ledger[UpdateResult] = Ledger(
-            RECORDED_RESULTS, {key: UpdateResult(**value) for key, value in state.get("results", {}).items()},
-            state.get("last_key", ""))
         # The pairs of the latest updates (reward.replay_updates), oldest first: trained on again by the next ones.
         self._replay: deque[list[PreferencePair]] = deque(
             ([PreferencePair(**pair) for pair in update] for update in state.get("replay", [])),
             maxlen=config.replay_updates)
         self.tokenizer_source = checkpoint_path or rm.source
         if checkpoint_path:
-            durable.loaded(checkpoint_path, self.updates)
+            self.durable.resume(checkpoint_path, state)
         self._loader: ThreadPoolExecutor | None = None  # replicas: reads staged checkpoints off the model thread
         self._staging: Future[tuple[str, dict[str, Any], dict[str, torch.Tensor]]] | None = None
 
@@ -144,13 +141,15 @@ class RewardCore:
         An update is a deterministic function of the weights, the AdamW state, the replay buffer, the version (which
         seeds the replay draws and the optimizer restarts) and the journaled pairs, so on one CPU kind the state
         comes back bit for bit."""
-        entries = self.durable.entries_after(self.updates, self.last_key)
-        for entry in entries:
+
+        def apply(entry: dict[str, Any]) -> UpdateResult:
             self._train([PreferencePair(*pair) for pair in entry["pairs"]], entry["optimizer_steps"])
-            self.ledger.record(entry["key"], UpdateResult(**entry["result"]))
-        if entries:
+            return UpdateResult(**entry["result"])
+
+        applied = self.durable.replay(apply)
+        if applied:
             log.info("reward applied %d journaled updates again (now version %d, update %d, last key %r)",
-                     len(entries), self.rm.version, self.updates, self.last_key)
+                     applied, self.rm.version, self.updates, self.last_key)
 
     def close(self) -> None:
         """Let a background checkpoint finish."""
@@ -183,20 +182,16 @@ class RewardCore:
         """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:
         reward.update_steps) -> version + 1, journaled before it returns; a key applied before returns its recorded
         result, trains nothing. A journal write that fails leaves the core refusing every call (UnjournaledUpdate)."""
-        self.durable.check_journaled()
-        recorded = self.ledger.recorded(key)
+        recorded = self.durable.recorded(key)
         if recorded is not None:
             return replace(recorded, replayed=True)
-        after_key = self.last_key
         steps = optimizer_steps or self.config.update_steps
         result = self._train(list(pairs), steps)
-        self.durable.record(self.updates, after_key, {
-            "key": key, "pairs": [astuple(pair) for pair in pairs], "optimizer_steps": steps,
-            "result": asdict(result)})
-        self.ledger.record(key, result)
-        if self.durable.due(self.updates):
+        self.durable.commit(key, result, {"key": key, "pairs": [astuple(pair) for pair in pairs],
+                                          "optimizer_steps": steps, "result": asdict(result)})
+        if self.durable.due():
             self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(""),
-                              self.updates, background=self.config.save_in_background)
+                              background=self.config.save_in_background)
         return result
 
     def _train(self, pairs: list[PreferencePair], steps: int) -> UpdateResult:
@@ -205,33 +200,30 @@ class RewardCore:
                                 self.config.optimizer_restart_every)
         if not result.skipped:
             self._replay.append(pairs)
-        self.updates += 1
         return result
 
     @property
+    def updates(self) -> int:
+        """Update calls applied, skipped ones included: the journal's sequence number."""
+        return self.durable.sequence
+
+    @property
     def last_key(self) -> str:
-        return self.ledger.last_key
+        return self.durable.last_key
 
     def _state(self, tag: str) -> dict[str, Any]:
         """The bookkeeping a checkpoint holds beside the weights and optimizer state."""
-        return {
-            "version": self.rm.version, "updates": self.updates, "last_key": self.last_key, "model": self.config.model,
-            "tag": tag, "results": {key: asdict(value) for key, value in self.ledger.results().items()},
-            "replay": [[asdict(pair) for pair in update] for update in self._replay],
-        }
+        return self.durable.state(tag, version=self.rm.version, model=self.config.model,
+                                  replay=[[asdict(pair) for pair in update] for update in self._replay])
 
     def save(self, tag: str = "") -> SavedCheckpoint:
         """Write a checkpoint of the current state before returning."""
-        path = self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(tag),
-                                 self.updates)
+        path = self.durable.save(self.rm.model, self.rm.tokenizer, self.rm.optimizer_state, self._state(tag))
         return SavedCheckpoint(path, self.rm.version)
 
     def save_if_unsaved(self, tag: str) -> SavedCheckpoint | None:
         """Save when updates were applied since the last checkpoint (or since start-up without one)."""
-        self.durable.wait()
-        if self.durable.unjournaled_on_stop():
-            return None
-        return self.save(tag) if self.durable.unsaved(self.updates) else None
+        return self.durable.save_if_unsaved(lambda: self.save(tag))
 
     # ----- read replicas: follow the trainer's checkpoints -----
 
@@ -259,9 +251,7 @@ class RewardCore:
             for name, tensor in tensors.items():
                 own[name].copy_(tensor)
         self.rm.version = state["version"]
-        self.updates = state.get("updates", 0)
-        self.ledger.last_key = state.get("last_key", "")  # a replica applies no updates: the key is what it reports
-        self.durable.loaded(path, self.updates)
+        self.durable.resume(path, state)  # a replica applies no updates: its key and count are what it reports
         log.info("replica: now serving %s (version %d)", path, self.rm.version)
         return self.info()
 

@@ -12,12 +12,11 @@ from collections.abc import Sequence
 
 from cooper.config import RewardConfig
 from cooper.reward_rule import logit_to_reward
-from cooper.runtime.ledger import idempotency_key
+from cooper.runtime.ledger import SavedCheckpoint, idempotency_key
 from cooper.services.reward.core import RewardCore
 from cooper.services.reward.items import (
     ModelInfo,
     PreferencePair,
-    SavedCheckpoint,
     ScoreItem,
     ScoreResult,
     UpdateResult,

@@ -79,8 +79,3 @@ class ModelInfo:
     tokenizer_source: str = ""  # where the serving process loads the same tokenizer from
     label: str = "LABEL_0"  # the model config's id2label[0]: the label vLLM's /classify answers with
 
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    path: str
-    version: int

@@ -37,8 +37,9 @@ from typing import Any, TypeVar
 
 from cooper.config import RewardConfig
 from cooper.runtime.durability import UnjournaledUpdate
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.services.reward.core import BatchScores, RewardCore
-from cooper.services.reward.items import ModelInfo, PreferencePair, SavedCheckpoint, UpdateResult
+from cooper.services.reward.items import ModelInfo, PreferencePair, UpdateResult
 from cooper.services.reward.model_process import spawn, take_early
 
 log = logging.getLogger("cooper.reward")

@@ -14,10 +14,10 @@ import grpc
 from cooper.config import CooperConfig
 from cooper.protos.common.v1 import common_pb2
 from cooper.protos.reward.v1 import reward_pb2, reward_pb2_grpc
-from cooper.runtime.ledger import idempotency_key
+from cooper.runtime.ledger import SavedCheckpoint, idempotency_key
 from cooper.runtime.server import GrpcService
 from cooper.services.reward.errors import REFUSED, refusal
-from cooper.services.reward.items import PreferencePair, SavedCheckpoint, ScoreItem, ScoreResult, UpdateResult
+from cooper.services.reward.items import PreferencePair, ScoreItem, ScoreResult, UpdateResult
 from cooper.services.reward.runner import ProcessRunner
 from cooper.services.reward.service import RewardService
 from cooper.services.reward.serving.http import HttpServer, create_app, start_http

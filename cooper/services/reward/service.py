@@ -20,12 +20,12 @@ import prometheus_client
 
 from cooper.config import RewardConfig
 from cooper.reward_rule import logit_to_reward
+from cooper.runtime.ledger import SavedCheckpoint
 from cooper.services.reward.batcher import Batcher
 from cooper.services.reward.core import BatchScores, RewardCore
 from cooper.services.reward.items import (
     ModelInfo,
     PreferencePair,
-    SavedCheckpoint,
     ScoreItem,
     ScoreResult,
     UpdateResult,
