@@ -251,6 +251,13 @@ class Orchestrator:
         write_atomically(self.run_dir / "checkpoint.json",
                          json.dumps({**info, "run_id": self.run_id, "state": self.store.state()}, indent=2))
 
+    def _checkpointed(self, step: int) -> bool:
+        """The run's checkpoint after `step` was taken: checkpoint.json, written last, names it."""
+        try:
+            return bool(json.loads((self.run_dir / "checkpoint.json").read_text())["step"] == step)
+        except (OSError, ValueError, KeyError):
+            return False
+
     def run(self, resume: bool = False, progress: bool = True) -> list[dict[str, Any]]:
         next_step = self._start(resume)
         if dropped := trim_metrics(self.run_dir, next_step - 1):
@@ -265,6 +272,10 @@ class Orchestrator:
         last_test: dict[str, float] = {}
         watch = AlarmWatch.for_run(self.config, self.store, self.run_dir)
         try:
+            if next_step == steps and steps and not self._checkpointed(steps - 1):
+                # Killed after logging the last step and before checkpointing it: the resumed run has nothing left to
+                # run but that checkpoint (the services' own saves on stop hold the same state under another tag).
+                self._checkpoint(steps - 1)
             while next_step < steps:
                 error = self.store.error()
                 if error:

@@ -264,3 +264,26 @@ def test_a_run_in_one_process_is_the_run_the_services_give(tmp_path):
     for record, logged in zip(again, through_grpc, strict=False):
         assert {k: v for k, v in record.items() if not k.startswith("time/")} == \
             {k: v for k, v in logged.items() if not k.startswith("time/")}
+
+
+def test_a_run_killed_between_logging_its_last_step_and_checkpointing_it_checkpoints_on_resume(tmp_path):
+    """The window a chaos run found: every step logged, the run's final checkpoint not yet taken, the policy's
+    newest checkpoint its save on stop. The resumed run has no step left to run and takes that checkpoint."""
+    settings = ["--no-progress", "--in-process"]
+    result = _cooper("train", *settings, "run.mode=rule", "run.steps=2", "run.name=r", f"run.output_dir={tmp_path}",
+                     *BASE)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "r"
+    newest = run_dir / "checkpoints" / "policy" / "v00000002" / "state.json"
+    state = json.loads(newest.read_text())
+    assert state["tag"] == "step-1"
+    # As the kill leaves it: the services' save on stop under its own tag, and no checkpoint.json for the last step.
+    newest.write_text(json.dumps({**state, "tag": "stop"}))
+    (run_dir / "checkpoint.json").unlink()
+
+    resumed = _cooper("train", *settings, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert len(read_metrics(run_dir)) == 2  # nothing run again
+    checkpoint = json.loads((run_dir / "checkpoint.json").read_text())
+    assert (checkpoint["step"], checkpoint["policy_version"]) == (1, 2)
+    assert json.loads(newest.read_text())["tag"] == "step-1"
