@@ -1,8 +1,9 @@
 """The driver of one run: seeds the graph, runs stage workers, logs each finished step, checkpoints, cleans up.
 
 The driver only watches Redis: it turns finished steps into metrics, asks services to save every
-`checkpoint_every` steps, and deletes a step's payloads once no stage can read them any more (StepGraph.steps_read_back). Stage workers (threads
-here; other processes or pods may join through the same Redis) do the work.
+`checkpoint_every` steps, and deletes a step's payloads once no stage can read them any more
+(StepGraph.steps_read_back). Stage workers (threads here; other processes or pods may join through the same Redis)
+do the work.
 """
 
 from __future__ import annotations
