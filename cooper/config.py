@@ -634,6 +634,32 @@ class EvalConfig(StrictModel):
         return self
 
 
+Logger = Literal["tensorboard", "wandb", "mlflow"]
+"""A tracker a run's metrics go to besides metrics.jsonl (RunConfig.loggers)."""
+
+
+class WandbConfig(StrictModel):
+    """Weights & Biases, when run.loggers names it. Unset fields fall back to W&B's own environment variables."""
+
+    project: str | None = None
+    """None: WANDB_PROJECT, else `cooper`."""
+    entity: str | None = None
+    """Team or user; None: WANDB_ENTITY, else the logged-in account's default."""
+    mode: Literal["online", "offline"] | None = None
+    """None: WANDB_MODE, else online. offline writes the run under runs/<name>/wandb/ for `wandb sync` later."""
+
+
+class MlflowConfig(StrictModel):
+    """MLflow, when run.loggers names it. Unset fields fall back to MLflow's own environment variables."""
+
+    tracking_uri: str | None = None
+    """A tracking server (http://host:5000) or a database (sqlite:///path/mlflow.db: the `mlflow` package, or
+    `mlflow-skinny` with sqlalchemy and alembic); None: MLFLOW_TRACKING_URI, else runs/<name>/mlflow.db with the
+    artifacts in runs/<name>/mlflow-artifacts/."""
+    experiment: str | None = None
+    """None: MLFLOW_EXPERIMENT_NAME, else `cooper`."""
+
+
 class RunConfig(StrictModel):
     """One training run."""
 
@@ -682,6 +708,24 @@ class RunConfig(StrictModel):
     rollout instead of before them (the stages refuse a score from any other version; the run stays deterministic).
     The run's state, not the reward service's: the service only ever holds its newest version. docs/training.md,
     "The reward update beside the policy's"."""
+    loggers: list[Logger] = Field(default_factory=lambda: list[Logger](["tensorboard"]))
+    """Trackers that get every step's metrics besides metrics.jsonl (always written), under the same names: any of
+    tensorboard (runs/<name>/tensorboard/), wandb (run.wandb; `pip install wandb`), mlflow (run.mlflow; `pip install
+    mlflow`). W&B and MLflow also get the resolved config, the alarm's raises and clears (W&B alerts, MLflow
+    tags) and plot.png at the end; `cooper train --resume` continues the same tracked run. docs/training.md,
+    "Weights & Biases and MLflow"."""
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    """Weights & Biases settings (used when run.loggers names wandb)."""
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    """MLflow settings (used when run.loggers names mlflow)."""
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers_once(cls, loggers: list[str]) -> list[str]:
+        if len(set(loggers)) != len(loggers):
+            raise ValueError(f"run.loggers names a tracker twice: {loggers}")
+        return loggers
+
 
 
 ALARM_REACTION_STEPS = 2

@@ -169,11 +169,15 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     on its checkpoints); this process imports the orchestrator's own modules while they load. `in_process`: no
     service processes; the stages call the services' cores in this process (orchestrator/services.py), with the
     same checkpoints and journals under the run directory, so a run can be resumed either way."""
+    from cooper.orchestrator.trackers import Tracker, each_tracker, open_trackers, require_packages
+
+    require_packages(config)
     config, run_id, run_dir, resolved = prepare_run(config, resume)
     prepare_models(config)
     client = open_redis(config, run_dir)
     local = None if in_process else LocalServices(config, resolved, run_dir)
-    interrupted = False
+    interrupted, completed = False, False
+    trackers: list[Tracker] = []
     try:
         if local is not None:
             local.spawn()
@@ -181,17 +185,19 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
         from cooper.orchestrator.run_store import RunStore
         from cooper.orchestrator.services import InProcessServices, RemoteServices
 
+        trackers = open_trackers(config, run_id, run_dir)  # while the services load
         store = RunStore(client, config.redis.key_prefix, run_id)
         if local is None:
-            Orchestrator(config, run_id, run_dir, store, InProcessServices(config), workers=workers).run(
-                resume=resume is not None, progress=progress)
+            Orchestrator(config, run_id, run_dir, store, InProcessServices(config), workers=workers,
+                         trackers=trackers).run(resume=resume is not None, progress=progress)
         else:
             # A service that dies and cannot be restarted stops the run at once, with why, instead of after every
             # client's unavailable_timeout_s.
             local.on_lost = store.fail_run
             with local:
                 Orchestrator(config, run_id, run_dir, store, RemoteServices(config, local.addresses),
-                             workers=workers).run(resume=resume is not None, progress=progress)
+                             workers=workers, trackers=trackers).run(resume=resume is not None, progress=progress)
+        completed = True
     except redis.ConnectionError as err:
         from cooper.orchestrator.run import RunFailed
 
@@ -204,6 +210,8 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
         if local is not None:
             local.stop()
         close_redis(client)
+        if not completed:  # the tracked runs stay open for --resume
+            each_tracker(trackers, "close")
         if interrupted:
             log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "
                         "with: cooper train --resume %s", run_id)
@@ -211,7 +219,8 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
     from cooper.orchestrator.outputs import read_metrics, summary_table
 
     records = read_metrics(run_dir)
-    plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
+    figure = plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
+    each_tracker(trackers, "finish", [figure])
     print(summary_table(records))
     print(f"\nrun directory: {run_dir}  (metrics.jsonl, plot.png, checkpoints/, ...: docs/training.md, "
           '"What a run writes")')

@@ -5,7 +5,8 @@
   each records; `services.py`: the services as the stages call them, over gRPC or in this process.
 - `run_store.py`: the run's jobs, statuses, results and state in Redis; `worker.py`: a stage worker.
 - `run.py`: the driver of one run; `alarm_watch.py`: the reward-hacking alarm as the driver runs it.
-- `data.py`: training and evaluation data; `outputs.py`: metrics.jsonl, TensorBoard events, the console summary.
+- `data.py`: training and evaluation data; `outputs.py`: metrics.jsonl, TensorBoard events, the console summary;
+  `trackers.py`: Weights & Biases and MLflow beside them (run.loggers).
 
 It never imports the launcher (cooper/launcher/) or the experiment tooling (cooper/experiments/): they import it
 (tests/test_layers.py).

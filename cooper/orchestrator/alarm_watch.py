@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ class AlarmWatch:
                                       false_positive_margin=alarm.false_positive_margin,
                                       false_positive_bound=alarm.false_positive_bound)
         self.store, self.events, self.latch = store, run_dir / EVENTS_FILE, alarm.latch
+        self.on_event: Callable[[dict[str, Any]], None] | None = None  # also told of every raise and clear
         self.escalate_after = alarm.escalate_after
         memory = store.alarm_memory()  # a resumed run goes on where the last driver left off
         self.latched, self.raises, self.raised_step = memory.latched, memory.raises, memory.raised_step
@@ -115,6 +117,8 @@ class AlarmWatch:
                 event["onset"] = self.onset
             with self.events.open("a") as out:
                 out.write(json.dumps(event) + "\n")
+            if self.on_event is not None:
+                self.on_event(event)
             if observation.raised:
                 log.warning("reward-hacking alarm raised at step %d (%s, statistic %.1f > %.1f)%s", step,
                             observation.trigger, fields[ALARM_STATISTIC], observation.threshold,

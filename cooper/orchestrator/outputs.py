@@ -1,15 +1,17 @@
 """What a run leaves in runs/<name>/: metrics.jsonl, TensorBoard events, and the console summary (its plot.png:
-cooper/launcher/plot.py)."""
+cooper/launcher/plot.py; W&B and MLflow: trackers.py)."""
 
 from __future__ import annotations
 
 import gzip
 import itertools
 import json
+import logging
 import os
 import socket
 import struct
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,15 @@ from cooper.metric_names import (
     TEST,
     VERIFIER_ACCURACY,
 )
+from cooper.orchestrator.trackers import Tracker, each_tracker
 from cooper.runtime.files import write_atomically
+
+log = logging.getLogger("cooper.orchestrator")
 
 
 class MetricsLog:
-    """Appends one JSON line per step and mirrors the numbers to TensorBoard.
+    """Appends one JSON line per step and mirrors the numbers to TensorBoard (unless run.loggers leaves it out) and
+    to the run's other trackers (W&B, MLflow: trackers.py), with the alarm's events.
 
     The event file holds what torch's SummaryWriter.add_scalar writes (a file_version event, then one scalar event
     per number, `simple_value`), in TensorBoard's record framing (`_tfrecord`), written in this thread. Not torch's
@@ -38,10 +44,13 @@ class MetricsLog:
     own (0.3 s more to import, and its writer thread: a Ctrl-C that lands while a step's events are queued can leave
     that thread asleep on a full queue until its flush interval, 2 minutes, ends, and the run's stop waits for it)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, trackers: Sequence[Tracker] = ()):
         self.path = run_dir / "metrics.jsonl"
         self.run_dir = run_dir
+        self.trackers = list(trackers)
         self._events: Any = None
+        if not tensorboard:
+            return
         try:
             from tensorboard.compat.proto.event_pb2 import Event
             from tensorboard.compat.proto.summary_pb2 import Summary
@@ -59,17 +68,39 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        step, values = record[STEP], numbers(record)
         if self._events is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != STEP:
-                    summary = self._summary(value=[self._summary.Value(tag=key, simple_value=float(value))])
-                    event = self._event(summary=summary, wall_time=time.time(), step=record[STEP])
-                    self._events.write(_tfrecord(event.SerializeToString()))
+            for key, value in values.items():
+                summary = self._summary(value=[self._summary.Value(tag=key, simple_value=value)])
+                event = self._event(summary=summary, wall_time=time.time(), step=step)
+                self._events.write(_tfrecord(event.SerializeToString()))
             self._events.flush()
+        each_tracker(self.trackers, "log", step, values)
+
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """A resumed run: give each tracker the logged steps it may not hold (Tracker.missing)."""
+        by_step = {record[STEP]: record for record in records}
+        for tracker in self.trackers:
+            try:
+                for step in tracker.missing(sorted(by_step)):
+                    tracker.log(step, numbers(by_step[step]))
+            except Exception as err:  # noqa: BLE001 (as each_tracker: the run goes on)
+                log.warning("%s: catching up failed (%s: %s); metrics.jsonl has everything", type(tracker).__name__,
+                            type(err).__name__, err)
+
+    def alarm(self, event: Mapping[str, Any]) -> None:
+        """A raise or clear of the reward-hacking alarm (alarms.jsonl has it already)."""
+        each_tracker(self.trackers, "alarm", event)
 
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
+
+
+def numbers(record: Mapping[str, Any]) -> dict[str, float]:
+    """A step record's numbers as the trackers get them: every int and float but the step (no bools, no text)."""
+    return {key: float(value) for key, value in record.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != STEP}
 
 
 _FILES = itertools.count()

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,11 +65,12 @@ from cooper.orchestrator import graph as g
 from cooper.orchestrator.alarm_watch import AlarmWatch
 from cooper.orchestrator.data import StepData, load_data
 from cooper.orchestrator.graph import StepGraph
-from cooper.orchestrator.outputs import MetricsLog, trim_metrics
+from cooper.orchestrator.outputs import MetricsLog, read_metrics, trim_metrics
 from cooper.orchestrator.run_store import JobStatus, Logged, RunStore
 from cooper.orchestrator.services import Services
 from cooper.orchestrator.stage_results import EvaluationResult, StageResult, to_json
 from cooper.orchestrator.stages import StageContext, rm_accepts
+from cooper.orchestrator.trackers import Tracker
 from cooper.orchestrator.worker import StageWorker, worker_name
 from cooper.runtime.client import ServiceUnavailable
 from cooper.runtime.files import write_atomically
@@ -190,8 +192,9 @@ def rm_benchmark(config: CooperConfig) -> list[BenchItem]:
 
 class Orchestrator:
     def __init__(self, config: CooperConfig, run_id: str, run_dir: Path, store: RunStore, services: Services,
-                 workers: int = 3):
+                 workers: int = 3, trackers: Sequence[Tracker] = ()):
         self.config, self.run_id, self.run_dir, self.store = config, run_id, run_dir, store
+        self.trackers = trackers  # W&B, MLflow: they get each step's metrics as metrics.jsonl does
         rows, tests = load_data(config)
         self.graph = StepGraph(config.run.mode, config.run.steps, config.eval.every,
                                verify_before_update=config.alarm.mode == "act",
@@ -267,11 +270,16 @@ class Orchestrator:
         threads = [threading.Thread(target=w.loop, name=w.name, daemon=True) for w in self.workers]
         for thread in threads:
             thread.start()
-        metrics, records, started = MetricsLog(self.run_dir), [], time.monotonic()
+        metrics = MetricsLog(self.run_dir, "tensorboard" in self.config.run.loggers, self.trackers)
+        if resume and self.trackers:
+            metrics.catch_up(read_metrics(self.run_dir))
+        records, started = [], time.monotonic()
         bar = tqdm(total=steps, initial=next_step, disable=not progress, unit="step", dynamic_ncols=True,
                    desc=f"{self.config.run.mode} {self.run_id}")
         last_test: dict[str, float] = {}
         watch = AlarmWatch.for_run(self.config, self.store, self.run_dir)
+        if watch:
+            watch.on_event = metrics.alarm
         try:
             if next_step == steps and steps and not self._checkpointed(steps - 1):
                 # Killed after logging the last step and before checkpointing it: the resumed run has nothing left to
