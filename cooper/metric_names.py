@@ -96,6 +96,11 @@ RM_BENCH_INITIAL_NEGATIVES = "rm_bench_initial/negatives"
 """How many wrong items RM_BENCH_INITIAL_FALSE_POSITIVE_RATE is a share of."""
 TIME = "time/"
 """Prefix of a stage's seconds for the step (`time/rollout`), a worker's wall time for the job."""
+CRITICAL = TIME + "critical/"
+"""Prefix of a stage's seconds on the step's critical path (`time/critical/rollout`; 0 when the step did not wait on
+it): run.critical_path. With `time/<stage>`, what a mode's stages cost the step, not only how long they ran."""
+CRITICAL_QUEUE = "queue"
+"""The part of the critical path between jobs (`time/critical/queue`): Redis hops and waiting for a free worker."""
 ELAPSED = TIME + "elapsed"
 """Seconds from the start of stepping (of this process: a resumed run starts again from 0) to the step being logged:
 the wall-clock axis of a learning curve (time to an accuracy, bench/rollouts_ahead.py)."""

@@ -216,12 +216,14 @@ def train(config: CooperConfig, resume: str | None = None, progress: bool = True
             log.warning("interrupted; everything the run started is stopped and its state is kept. Continue it "
                         "with: cooper train --resume %s", run_id)
     from cooper.launcher.plot import plot
-    from cooper.orchestrator.outputs import read_metrics, summary_table
+    from cooper.orchestrator.outputs import read_metrics, stage_time_table, summary_table
 
     records = read_metrics(run_dir)
     figure = plot(records, run_dir / "plot.png", title=f"{config.run.mode} · {run_id}")
     each_tracker(trackers, "finish", [figure])
     print(summary_table(records))
+    if stage_times := stage_time_table(records):
+        print("\n" + stage_times)
     print(f"\nrun directory: {run_dir}  (metrics.jsonl, plot.png, checkpoints/, ...: docs/training.md, "
           '"What a run writes")')
     return run_dir

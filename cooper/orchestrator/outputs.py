@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import statistics
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cooper.metric_names import (
+    CRITICAL,
     PAIR_ACCURACY_AFTER,
     PAIRS,
     POLICY_VERSION,
@@ -26,6 +28,7 @@ from cooper.metric_names import (
     RM_VERIFIER_DISAGREEMENT,
     STEP,
     TEST,
+    TIME,
     VERIFIER_ACCURACY,
 )
 from cooper.orchestrator.trackers import Tracker, each_tracker
@@ -202,6 +205,24 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def stage_time_table(records: list[dict[str, Any]]) -> str:
+    """Per stage, the median of its seconds a step (`time/<stage>`) and of its seconds on the step's critical path
+    (`time/critical/<stage>`): what each stage costs the step, beside how long it runs. Steps of a resumed run's
+    first process and of its next one alike; the initial evaluation left out."""
+    stages = sorted({key.removeprefix(CRITICAL) for r in records for key in r if key.startswith(CRITICAL)})
+    if not stages:
+        return ""
+    rows = [["stage", "s a step", "s on the critical path"]]
+    for stage in stages:
+        ran = [r[TIME + stage] for r in records if TIME + stage in r]
+        waited = [r[CRITICAL + stage] for r in records if CRITICAL + stage in r]
+        rows.append([stage, _fmt(statistics.median(ran)) if ran else "-", _fmt(statistics.median(waited))])
+    widths = [max(len(row[c]) for row in rows) for c in range(3)]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "medians over the steps:\n" + "\n".join(lines)
 
 
 def _fmt(value: Any) -> str:

@@ -29,6 +29,8 @@ from cooper.evaluation.rm_bench import BenchItem, load_bench
 from cooper.metric_names import (
     ALARM_RM_NEGATIVES,
     ALARM_ROLLED_BACK_TO,
+    CRITICAL,
+    CRITICAL_QUEUE,
     ELAPSED,
     KL_FROM_INITIAL,
     MODE,
@@ -143,7 +145,7 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> StepRecord:
         # KL(pi || pi_initial) per completion, the x axis of the over-optimisation plot (Gao et al. 2022): the
         # policy's token-mean k3 estimate (against the frozen initial policy) times the mean completion length.
         record[KL_FROM_INITIAL] = pu.metrics[POLICY_KL] * pu.metrics[POLICY_RESPONSE_LENGTH]
-    results: list[tuple[str, StageResult]] = [(g.ROLLOUT, ro), (g.VERIFY, ve), (g.SCORE, sc), (g.POLICY_UPDATE, pu)]
+    results: list[tuple[g.Stage, StageResult]] = [(g.ROLLOUT, ro), (g.VERIFY, ve), (g.SCORE, sc), (g.POLICY_UPDATE, pu)]
     if graph.reward.reward_model_learns:
         ng, ru = ctx.negatives(step), ctx.reward_update(step)
         results += [(g.NEGATIVES, ng), (g.REWARD_UPDATE, ru)]
@@ -169,8 +171,29 @@ def step_record(ctx: StageContext, graph: StepGraph, step: int) -> StepRecord:
         record[TIME + "evaluate_initial"] = initial.seconds
     for stage, result in results:
         record[TIME + stage] = result.seconds
+    record.update({CRITICAL + part: seconds for part, seconds in critical_path(graph, step, dict(results)).items()})
     return StepRecord(record, Logged(step, pu.policy_version, reward_version, ro.data_position.epoch,
                                      ro.data_position.offset))
+
+
+def critical_path(graph: StepGraph, step: int, results: dict[g.Stage, StageResult]) -> dict[str, float]:
+    """What the step waited on: from the step's job that ended last, back through the job of the same step it waited
+    for longest (its dependency that ended last), each stage's seconds on that chain (0 off it), and `queue`, the
+    gaps between one job's end and the next one's start (Redis, a worker's wake-up, a free worker). A stage that ran
+    beside the chain (VerifyRM's update beside the policy's, with run.reward_max_staleness) costs the step nothing."""
+    timed = {stage: result for stage, result in results.items() if result.finished_at}
+    if not timed:
+        return {}
+    chain: dict[str, float] = {str(stage): 0.0 for stage in timed}
+    queued, stage = 0.0, max(timed, key=lambda s: timed[s].finished_at)
+    while True:
+        chain[str(stage)] = timed[stage].seconds
+        started = timed[stage].finished_at - timed[stage].seconds
+        before = [job.stage for job in graph.dependencies(g.Job(step, stage)) if job.step == step and job.stage in timed]
+        if not before:
+            return {**chain, CRITICAL_QUEUE: queued}
+        stage = max(before, key=lambda s: timed[s].finished_at)
+        queued += max(0.0, started - timed[stage].finished_at)
 
 
 def evaluation_record(evaluation: EvaluationResult, test: str, rm_bench: str) -> dict[str, Any]:

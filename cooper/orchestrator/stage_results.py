@@ -24,6 +24,9 @@ from cooper.services.verifier.messages import Verdict
 class StageResult:
     seconds: float = 0.0
     """The job's wall time in the worker; set after the stage function returns."""
+    finished_at: float = 0.0
+    """When the job ended (time.time(), set with `seconds`): with it, when each job of a step started and what it
+    waited for (run.critical_path). 0 in results recorded before it was kept."""
 
 
 @dataclass(frozen=True)

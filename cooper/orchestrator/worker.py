@@ -109,9 +109,9 @@ def run_step_inline(ctx: StageContext, graph: StepGraph, step: int) -> dict[str,
 
 
 def record_result(store: RunStore, job_id: str, result: Any, seconds: float) -> None:
-    """A stage's result as the store keeps it: its JSON, with the job's wall time."""
+    """A stage's result as the store keeps it: its JSON, with the job's wall time and when it ended."""
     record = to_json(result)
-    record["seconds"] = seconds
+    record["seconds"], record["finished_at"] = seconds, time.time()
     store.finish(job_id, record)
 
 

@@ -21,6 +21,7 @@ import yaml
 from cooper.config import OptimConfig, load_config
 from cooper.evaluation.rm_bench import reward_model_report, tiny_bench
 from cooper.launcher.launch import steps_in_process
+from cooper.metric_names import CRITICAL, ELAPSED, TIME
 from cooper.orchestrator.data import StepData, tiny_splits
 from cooper.orchestrator.outputs import read_metrics
 from cooper.runtime.models import resolve_model
@@ -253,6 +254,15 @@ def test_a_run_in_one_process_is_the_run_the_services_give(tmp_path):
     for grpc_step, local_step in zip(through_grpc, in_process, strict=True):
         untimed = {k: v for k, v in grpc_step.items() if not k.startswith("time/")}
         assert untimed == {k: v for k, v in local_step.items() if not k.startswith("time/")}
+        # What the step waited on, both ways: every stage that ran, no longer than it ran; the chain's parts add up to
+        # at least its longest stage
+        critical = {k.removeprefix(CRITICAL): v for k, v in grpc_step.items() if k.startswith(CRITICAL)}
+        ran = {k.removeprefix(TIME): v for k, v in grpc_step.items() if k.startswith(TIME) and k != ELAPSED
+               and not k.startswith(CRITICAL) and k != TIME + "evaluate_initial"}
+        assert set(critical) == set(ran) | {"queue"}
+        assert all(0 <= critical[stage] <= ran[stage] + 1e-9 for stage in ran)
+        assert sum(critical.values()) >= max(ran.values()) - 1e-9
+        assert {k for k in local_step if k.startswith(CRITICAL)} == {CRITICAL + part for part in critical}
     service_logs = {"policy.log", "reward.log", "verifier.log", "generator.log"}
     assert {p.name for p in (tmp_path / "remote" / "logs").iterdir()} == service_logs
     assert not (tmp_path / "local" / "logs").exists()  # nothing was started that logs
