@@ -15,22 +15,22 @@ writing the negatives, 64 prompts x 16 rollouts, 8 H100s). The parts of a step, 
   VerifyRM offloaded to CPU (the released recipe) its weights and optimizer state cross PCIe twice an update;
 - negatives: the assistant decodes one rewrite per pair (`negative_tokens` decode steps at `assistant_decode_ms`).
 
-Layouts (each step's critical path). In every cooper layout but the released one, VerifyRM's update of step t
-may finish while step t+1 runs (`run.reward_max_staleness=1`: score(t+1) reads v_t), so the negatives, written on
-the assistant's own GPU, are off the critical path while they take less than a step:
+Layouts (each step's time in steady state). The released recipe runs a step's parts one after another. Cooper's
+step graph keeps the paper's order (score(t+1) reads VerifyRM v_{t+1}) but the next rollout waits only for the
+policy's update: the negatives and VerifyRM's update of step t run beside the policy's update and the next rollout,
+so they cost the step only what they take on the policy's GPUs, or what they take beyond those two parts:
 - `rule`: rollout, update, all GPUs. `static`: rule plus VerifyRM's scoring on all GPUs.
 - `cooper-released`: the released recipe's order: negatives, scoring and the Bradley-Terry update serial before the
   policy update, VerifyRM offloaded to CPU between uses; its assistant a service on one GPU more (as in the next
   two layouts: `gpus` in the JSON says how many each uses).
-- `cooper-overlapped`: the negatives beside the step; VerifyRM still offloaded, scoring and updating on the
-  policy's GPUs.
-- `cooper-colocated`: VerifyRM scores and updates on the policy's GPUs, time-sliced, its weights and optimizer state
-  resident; the negatives beside the step.
+- `cooper-overlapped`: Cooper's graph, VerifyRM offloaded to CPU between uses, scoring and updating on the policy's
+  GPUs.
+- `cooper-colocated`: Cooper's graph, VerifyRM scoring and updating on the policy's GPUs, time-sliced, its weights
+  and optimizer state resident.
 - `cooper-colocated-same-gpus`: the same on the hardware `rule` has: the assistant on one of the `gpus`, the policy
   and VerifyRM on the rest.
-- `cooper-split`: the policy on `gpus - 2`, VerifyRM on 1, the assistant on 1 (one GPU per service): rollout and
-  update slow down by the GPUs they lose, scoring on one GPU gates the update, VerifyRM's update and the negatives
-  run beside the step on their own GPUs.
+- `cooper-split`: Cooper's graph with the policy on `gpus - 2`, VerifyRM on 1, the assistant on 1 (one GPU per
+  service): rollout and update slow down by the GPUs they lose, and scoring on one GPU gates the update.
 
 Memory per GPU (GB) for each layout: weights, gradients and AdamW state (`bytes_per_param_trained`) sharded over the
 GPUs a model trains on, frozen weights (`bytes_per_param_frozen`) likewise; the rest is vLLM's KV cache.
@@ -105,9 +105,17 @@ def layouts(a: Assumptions) -> dict[str, dict[str, float]]:
         the same batch over fewer GPUs holds more sequences on each: counted in full, as throughput."""
         return a.gpus / gpus
 
+    def pipelined(policy_gpu_s: float, beside_s: float) -> float:
+        """Cooper's step graph in steady state: score(t+1) starts when rollout(t+1) has ended (after the policy's
+        update of t) and VerifyRM's update of t has (after the negatives of t). `policy_gpu_s` is all the work on
+        the policy's GPUs a step (time-sliced there, it adds up), `beside_s` the chain negatives -> VerifyRM's
+        update that runs beside the policy's update and the next rollout."""
+        return max(policy_gpu_s, beside_s)
+
     def colocated(gpus: int) -> float:
         """VerifyRM resident on the policy's `gpus`, time-sliced with it; the assistant on a GPU of its own."""
-        return max((p["rollout"] + p["rm_score"] + p["rm_update"] + p["policy_update"]) * on(gpus), p["negatives"])
+        return pipelined((p["rollout"] + p["rm_score"] + p["policy_update"] + p["rm_update"]) * on(gpus),
+                         p["negatives"] + p["rm_update"] * on(gpus))
 
     split = a.gpus - 2
     rows = {  # name: (step seconds, GPUs used)
@@ -115,13 +123,14 @@ def layouts(a: Assumptions) -> dict[str, dict[str, float]]:
         "static": (p["rollout"] + p["rm_score"] + p["policy_update"], a.gpus),
         "cooper-released": (p["rollout"] + p["negatives"] + p["rm_offload"] + p["rm_score"] + p["rm_update"]
                             + p["policy_update"], a.gpus + 1),
-        "cooper-overlapped": (max(p["rollout"] + p["rm_offload"] + p["rm_score"] + p["rm_update"]
-                                  + p["policy_update"], p["negatives"]), a.gpus + 1),
+        "cooper-overlapped": (pipelined(p["rollout"] + p["rm_offload"] + p["rm_score"] + p["rm_update"]
+                                        + p["policy_update"], p["negatives"] + p["rm_offload"] + p["rm_update"]),
+                              a.gpus + 1),
         "cooper-colocated": (colocated(a.gpus), a.gpus + 1),
         "cooper-colocated-same-gpus": (colocated(a.gpus - 1), a.gpus),
-        # scoring gates the policy's update; VerifyRM's update and the negatives run on their own GPUs beside it
-        "cooper-split": (max((p["rollout"] + p["policy_update"]) * on(split) + p["rm_score_one_gpu"],
-                             p["negatives"], p["rm_score_one_gpu"] + p["rm_update_one_gpu"]), a.gpus),
+        # scoring on VerifyRM's one GPU gates the policy's update; its update and the negatives have GPUs of their own
+        "cooper-split": (pipelined((p["rollout"] + p["policy_update"]) * on(split) + p["rm_score_one_gpu"],
+                                   p["negatives"] + p["rm_update_one_gpu"]), a.gpus),
     }
     memory = memory_per_gpu(a)
     rule = rows["rule"][0]
