@@ -249,6 +249,24 @@ class TrainerDurability(StrictModel):
         return self
 
 
+class LearnOnlineConfig(StrictModel):
+    """The reward service learning from what it scores (reward.learn_online): every completion scored over HTTP is
+    checked by the rule verifier against its reference; at each learning step, per question, the first verified-right
+    completion is the positive against each verified-wrong one (Cooper's pair rule, run.negatives=rollouts), and
+    VerifyRM takes one Bradley-Terry update over those pairs: a new version, journaled and checkpointed as in a
+    Cooper run. Every score still names the version that produced it; the scoring API is unchanged."""
+
+    enabled: bool = False
+    """Off: the service scores and never learns by itself (Cooper's own loop sends its updates over gRPC)."""
+    every_requests: int = Field(default=0, ge=0)
+    """Take a learning step after this many scoring requests; 0: only when asked (POST /v1/learn, which a trainer
+    sends at its step boundary: cooper.integrations.trl does after each batch)."""
+    max_buffered: int = Field(default=65536, ge=1)
+    """Scored completions kept for the next learning step; beyond it the oldest are dropped (and counted)."""
+    verifier: VerifierConfig = Field(default_factory=lambda: VerifierConfig(workers=1))
+    """The rule verifier's checks, in worker processes of the reward service (its `server` is not used)."""
+
+
 class RewardConfig(TrainerDurability):
     """VerifyRM: scoring, online Bradley-Terry updates, versions."""
 
@@ -313,8 +331,18 @@ class RewardConfig(TrainerDurability):
     AdamW restarted every epoch; with one AdamW throughout it stayed on a plateau (docs/experiments.md)."""
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     """Dynamic batching."""
+    learn_online: LearnOnlineConfig = Field(default_factory=LearnOnlineConfig)
+    """The service learning from the completions it scores, for trainers other than Cooper's own loop (TRL, verl);
+    off by default. docs/reward-api.md, "Use Cooper's reward model from TRL or verl"."""
     checkpoint_dir: str = "checkpoints/reward"
     """Where checkpoints and the update journal go; start-up resumes from them."""
+
+    @model_validator(mode="after")
+    def _replicas_do_not_learn(self) -> RewardConfig:
+        if self.learn_online.enabled and self.role == "replica":
+            raise ValueError("reward.learn_online.enabled needs reward.role=trainer: a read replica never changes the "
+                             "model; enable learning on the trainer and send its scoring there")
+        return self
 
     @model_validator(mode="after")
     def _copies_are_processes(self) -> RewardConfig:

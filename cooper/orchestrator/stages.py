@@ -49,7 +49,7 @@ from cooper.runtime.ledger import idempotency_key
 from cooper.services.generator.messages import NegativeItem
 from cooper.services.policy.errors import StaleRollout, VersionNotHeld
 from cooper.services.policy.messages import Generation, PolicyInfo
-from cooper.services.reward.items import PreferencePair, ScoreItem
+from cooper.services.reward.items import PreferencePair, ScoreItem, pairs_within_groups
 from cooper.services.verifier.messages import REJECTED, Verdict, VerifyItem
 
 
@@ -325,10 +325,9 @@ def negatives(ctx: StageContext, step: int) -> NegativesResult:
     source = ctx.config.run.negatives
     pairs: list[PreferencePair] = []
     if source in ("rollouts", "both"):
-        pairs += [PreferencePair(question=by_id[c.prompt_id].question, reference=by_id[c.prompt_id].answer,
-                                 positive=positives[c.prompt_id], negative=c.text)
-                  for c, v in zip(ro.completions, ve.verdicts, strict=True)
-                  if v in REJECTED and c.prompt_id in positives]
+        pairs += pairs_within_groups([(c.prompt_id, ScoreItem(by_id[c.prompt_id].question, by_id[c.prompt_id].answer,
+                                                              c.text), v)
+                                      for c, v in zip(ro.completions, ve.verdicts, strict=True)])
     results = []
     if source in ("generator", "both") and positives:
         items = [NegativeItem(id=pid, question=by_id[pid].question, reference=by_id[pid].answer, positive=text)

@@ -16,6 +16,8 @@ Where things are, from the outside in:
 - `core.py`: RewardCore, the model's state: versions, idempotency keys, replay, checkpoints.
 - `verify_rm.py`: VerifyRM, the pure core: the input template, scoring, the Bradley-Terry update; the one rule from
   a logit to a reward and a judgement is cooper/reward_rule.py, which needs no torch.
+- `learner.py`: the learning mode (reward.learn_online): what HTTP scored, checked by the verifier (its in-process
+  face), paired by Cooper's rule, learnt in one update per step, for trainers other than Cooper's loop.
 - `replica.py`: a read replica, following the trainer's checkpoints (cooper/runtime/checkpoint.py, REWARD).
 - `items.py`: the plain dataclasses every layer passes; `client.py`: the orchestrator's gRPC client;
   `inprocess.py`: the same calls over a core in the caller's process.

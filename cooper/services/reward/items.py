@@ -6,7 +6,10 @@ CLI) do not import it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+from cooper.services.verifier.messages import REJECTED, Verdict
 
 
 @dataclass(frozen=True)
@@ -79,3 +82,16 @@ class ModelInfo:
     tokenizer_source: str = ""  # where the serving process loads the same tokenizer from
     label: str = "LABEL_0"  # the model config's id2label[0]: the label vLLM's /classify answers with
 
+
+
+def pairs_within_groups(completions: Sequence[tuple[Hashable, ScoreItem, Verdict]]) -> list[PreferencePair]:
+    """Cooper's pair rule over verified completions (docs/design.md, section 2.2; run.negatives=rollouts): in each
+    group (a prompt's samples), the first completion the verifier marks CORRECT is the positive, against every
+    completion of the group it rejects (INCORRECT or NO_ANSWER), in their order. TIMEOUT and ERROR are never used;
+    a group without a correct completion gives no pair."""
+    positives: dict[Hashable, str] = {}
+    for group, item, verdict in completions:
+        if verdict is Verdict.CORRECT and group not in positives:
+            positives[group] = item.completion
+    return [PreferencePair(item.question, item.reference, positives[group], item.completion)
+            for group, item, verdict in completions if verdict in REJECTED and group in positives]

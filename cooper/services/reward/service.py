@@ -30,6 +30,7 @@ from cooper.services.reward.items import (
     ScoreResult,
     UpdateResult,
 )
+from cooper.services.reward.learner import OnlineLearner
 from cooper.services.reward.replica import ReadOnlyReplica, ReplicaFollower, ReplicaStale, Staleness
 from cooper.services.reward.runner import CopiesRunner, Runner, ThreadRunner, start_runner
 from cooper.services.reward.serving_defaults import with_model_copies
@@ -71,6 +72,7 @@ class RewardService:
         self.stopping = False
         MODEL_VERSION.set(info.version)
         self.follower: ReplicaFollower | None = None
+        self.learner: OnlineLearner | None = None  # reward.learn_online: set by create()
         self.on_readiness: Callable[[bool], None] | None = None  # the gRPC health service's, set by server.py
         if config.role == "replica":
             self.follower = ReplicaFollower(config.replica, config.checkpoint_dir, lambda: self.version,
@@ -103,6 +105,10 @@ class RewardService:
             log.info("reward serving settings chosen at start-up (set them in reward.* to override): %s",
                      "; ".join(chosen))
         service = cls(runner, config, info, encoder)
+        if config.learn_online.enabled:
+            # its verifier workers start (and import math-verify) off the event loop
+            service.learner = await asyncio.to_thread(OnlineLearner, config.learn_online, service.update,
+                                                      lambda: service.version)
         service.batcher.start()
         if service.follower is not None:
             service.follower.start()
@@ -187,6 +193,11 @@ class RewardService:
 
     # ----- updates and checkpoints -----
 
+    def observe(self, items: Sequence[ScoreItem]) -> None:
+        """Completions just scored over HTTP: the learning mode's material (reward.learn_online); nothing when off."""
+        if self.learner is not None:
+            self.learner.observe(items)
+
     def _refuse_writes(self, what: str) -> None:
         if self.config.role == "replica":
             raise ReadOnlyReplica(f"{what} refused: this reward service is a read replica (reward.role=replica) and "
@@ -229,6 +240,8 @@ class RewardService:
         self.stopping = True
         if self.follower is not None:
             await self.follower.stop()
+        if self.learner is not None:
+            await self.learner.close()
         try:
             if self.config.save_on_stop and self.config.role == "trainer" and self.runner.alive:
                 save = partial(self.runner.save_if_unsaved, "stop")

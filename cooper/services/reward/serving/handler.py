@@ -10,6 +10,7 @@ import hmac
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import asdict
 
 import prometheus_client
 
@@ -68,10 +69,24 @@ class RewardHttpHandler:
     async def _score(self, items: list[ScoreItem]) -> ScoreResult:
         try:
             self.service.check_fresh()
-            return await self.service.score(items)
+            result = await self.service.score(items)
         except REFUSED as err:
             row = refusal(err)
             raise ApiError(row.http_status, row.http_type, str(err), retry_after_s(err)) from None
+        self.service.observe(items)  # the learning mode's material, when it is on
+        return result
+
+    async def learn(self) -> protocol.LearnResponse:
+        """One learning step now (reward.learn_online): a trainer's step boundary."""
+        if self.service.learner is None:
+            raise ApiError(409, "learning_off", "this reward service does not learn from what it scores: start it "
+                           "with reward.learn_online.enabled=true (docs/reward-api.md)")
+        try:
+            result = await self.service.learner.learn()
+        except REFUSED as err:
+            row = refusal(err)
+            raise ApiError(row.http_status, row.http_type, str(err), retry_after_s(err)) from None
+        return protocol.LearnResponse(**asdict(result))
 
     async def score(self, request: protocol.ScoreRequest) -> protocol.ScoreResponse:
         self._check_limits([(i.question, i.reference, i.completion) for i in request.items])

@@ -308,6 +308,13 @@ def create_app(config: RewardConfig, service: RewardService | None = None) -> Fa
         response.headers.update(api.stale_headers())
         return await api.score(body)
 
+    @app.post("/v1/learn", response_model=protocol.LearnResponse, responses={
+        **ERRORS, 409: {"model": protocol.ErrorResponse, "description": "learning is off (reward.learn_online)"}})
+    async def learn(api: Authorized) -> Any:
+        """A learning step (reward.learn_online): VerifyRM learns from the completions scored since the last one,
+        checked by the rule verifier against their references; the next scores come from the new version."""
+        return await api.learn()
+
     @app.get("/v1/model", response_model=protocol.ModelResponse, responses=ERRORS)
     async def model(api: Authorized) -> Any:
         """The model, its current version and latest checkpoint."""

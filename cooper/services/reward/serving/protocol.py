@@ -37,6 +37,22 @@ class ScoreResponse(BaseModel):
     version: int
 
 
+class LearnResponse(BaseModel):
+    """What one learning step did (reward.learn_online): the scored completions since the last step, checked by the
+    rule verifier, paired per question (first right against each wrong), one Bradley-Terry update when any pair."""
+
+    version: int = Field(description="VerifyRM's version after the step: one more than before when it had pairs")
+    completions: int = Field(description="scored completions the step took")
+    correct: int = Field(description="verified right")
+    rejected: int = Field(description="verified wrong (INCORRECT or NO_ANSWER)")
+    unchecked: int = Field(description="the verifier timed out or failed on them: never paired")
+    pairs: int = Field(description="preference pairs the update trained on")
+    pair_accuracy_before: float | None = Field(description="share of the pairs ranked right before the update")
+    pair_accuracy_after: float | None = Field(description="the same after it")
+    dropped: int = Field(description="completions dropped since the last step because the buffer was full "
+                                     "(reward.learn_online.max_buffered)")
+
+
 class ServingSettings(BaseModel):
     """The batching and model processes in effect: the config's, with what it left unset chosen at start-up."""
 
