@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -42,10 +43,11 @@ import torch
 from reward_testkit import Served, make_config, serve_http, tiny_items
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from cooper.config import BatchingConfig, HttpConfig
+from cooper.config import BatchingConfig, HttpConfig, LearnOnlineConfig
 from cooper.runtime.models import cache_root, resolve_model
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.serving.http import HttpServer, ScoringFastPath, create_app, start_http
+from cooper.tiny.task import make_split, wrong_solution
 
 PINNED = {
     "verl": "0.9.1",  # verl/experimental/reward_loop/reward_loop.py
@@ -338,6 +340,31 @@ def test_verl_reward_loop_gets_the_logit_that_v1_score_gives(
     # verl asks for use_activation=false: its reward is the raw logit
     assert got == [{"reward_score": score["logit"]} for score in v1_score(fronts, items)]
     assert answered == [("/classify", 200)] * 3 + [("/v1/score", 200)] * 3
+
+
+def test_verl_reward_loop_drives_the_learning_mode(verl_reward_loop: types.ModuleType,
+                                                    policy_tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    """verl's reward loop, unmodified, against a service that learns from what it scores (reward.learn_online with
+    every_requests = one step's samples, as docs/reward-api.md tells a verl user): the question and the reference
+    (verl's ground_truth) reach the learner through /classify's VerifyRM template, and one step's samples make one
+    update."""
+    rng, items = random.Random(5), []
+    for problem in make_split(3, 5, "verl-learn"):  # per question: right, then wrong
+        items += [ScoreItem(problem.question, problem.answer, problem.solution),
+                  ScoreItem(problem.question, problem.answer, wrong_solution(problem, rng))]
+    config = make_config(tmp_path, learn_online=LearnOnlineConfig(enabled=True, every_requests=len(items)))
+    with serve_http(config) as served:
+        worker = verl_worker(verl_reward_loop, served.url.removeprefix("http://"), policy_tokenizer)
+        step = [asyncio.run(worker.compute_score(verl_sample(policy_tokenizer, item))) for item in items]
+        wait_until(lambda: httpx.get(f"{served.url}/v1/model").json()["version"] == 1,
+                   "a learning step after one step's samples", timeout_s=120)
+        again = [asyncio.run(worker.compute_score(verl_sample(policy_tokenizer, item))) for item in items]
+
+    def margin(scores: list[dict[str, float]]) -> float:  # right minus wrong, mean over the questions
+        logits = [s["reward_score"] for s in scores]
+        return sum(logits[0::2]) / 3 - sum(logits[1::2]) / 3
+
+    assert margin(again) > margin(step)  # VerifyRM learnt from the very pairs verl's samples made
 
 
 def test_verl_reward_loop_raises_a_refusal_at_once(
