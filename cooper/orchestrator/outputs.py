@@ -201,10 +201,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     for i in picks:
         r = records[i]
         rows.append([_fmt(r.get(key)) for _, key in columns])
-    widths = [max(len(row[c]) for row in rows) for c in range(len(columns))]
-    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _table(rows)
 
 
 def stage_time_table(records: list[dict[str, Any]]) -> str:
@@ -219,10 +216,15 @@ def stage_time_table(records: list[dict[str, Any]]) -> str:
         ran = [r[TIME + stage] for r in records if TIME + stage in r]
         waited = [r[CRITICAL + stage] for r in records if CRITICAL + stage in r]
         rows.append([stage, _fmt(statistics.median(ran)) if ran else "-", _fmt(statistics.median(waited))])
-    widths = [max(len(row[c]) for row in rows) for c in range(3)]
+    return "medians over the steps:\n" + _table(rows)
+
+
+def _table(rows: list[list[str]]) -> str:
+    """Fixed-width columns, right-aligned, the first row a header underlined."""
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "medians over the steps:\n" + "\n".join(lines)
+    return "\n".join(lines)
 
 
 def _fmt(value: Any) -> str:
