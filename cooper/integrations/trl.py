@@ -45,6 +45,8 @@ class CooperReward:
         """The VerifyRM version that scored each batch, in call order."""
         self.last_learn: dict[str, Any] | None = None
         """The service's answer to the last learning step (POST /v1/learn)."""
+        self.last_logits: list[float] = []
+        """VerifyRM's logits for the last batch, in order (its scores are what the trainer gets)."""
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
         if self.reference_key not in columns:
@@ -55,10 +57,12 @@ class CooperReward:
         items = [{"question": str(q), "reference": str(r), "completion": _text(c)}
                  for q, r, c in zip(questions, references, completions, strict=True)]
         scores: list[float] = []
+        self.last_logits = []
         versions = set()
         for start in range(0, len(items), self.max_items):
             reply = self._post("/v1/score", {"items": items[start:start + self.max_items]})
             scores += [float(s["score"]) for s in reply["scores"]]
+            self.last_logits += [float(s["logit"]) for s in reply["scores"]]
             versions.add(int(reply["version"]))
         if len(versions) > 1:  # a learning step from elsewhere landed between two chunks of this batch
             raise RewardServiceError(f"one batch was scored by VerifyRM versions {sorted(versions)}: send a trainer's "

@@ -60,6 +60,8 @@ SCRIPTS = [
                  {"model", "seed", "sample", "annotate", "seconds"}, id="real_model"),
     pytest.param("cost_model.py", ["--gpus", "4", "--decode-ms", "9"], {"bench", "estimates", "assumptions", "parts_s",
                                                                       "layouts"}, id="cost_model"),
+    pytest.param("trl_finding.py", ["--smoke", "--seeds", "7"], {"bench", "seeds", "steps", "criteria", "runs",
+                                                                 "reproduced"}, id="trl_finding"),
     pytest.param("rollout.py", ["--model", "tiny-hd32", "--prompts", "2", "--n", "2", "--max-new-tokens", "4",
                                 "--rounds", "1"], {"bench", "tokens_per_s", "ratio"},
                  marks=pytest.mark.vllm, id="rollout"),
