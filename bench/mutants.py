@@ -117,7 +117,9 @@ def apply(mutant: Mutant, tree: Path) -> None:
 
 def run_tests(mutant: Mutant, tree: Path, timeout_s: float) -> tuple[bool, float, str]:
     """(caught, seconds, the tail of pytest's output): caught when the named tests fail (exit 1)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "COOPER_CACHE": os.environ.get(
+    # PYTEST_ADDOPTS is the caller's (CI runs its suite with -n 2): with xdist, -x ends a failing run as
+    # interrupted (exit 2), not failed (exit 1), and a caught mutant would read as a survivor.
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTEST_ADDOPTS": "", "COOPER_CACHE": os.environ.get(
         "COOPER_CACHE", str(ROOT / ".pytest_cache" / "cooper"))}
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests],

@@ -222,7 +222,8 @@ def test_workers_run_every_job_once_in_dependency_order(redis_client, run_id, mo
                 assert position[dep.id] < position[job.id], (dep.id, job.id)
     assert store.status("negatives:1")["status"] == JobStatus.DONE.value
     score = store.result("score:2")
-    assert set(score) == {"job", "seconds"} and score["job"] == "score:2"
+    assert set(score) == {"job", "seconds", "finished_at"} and score["job"] == "score:2"
+    assert abs(score["finished_at"] - time.time()) < 600  # a wall-clock time: what the step's critical path reads
     assert isinstance(score["seconds"], float) and 0 <= score["seconds"] < 60  # the worker timed the stage
     assert store.pending_count() == 0
 
