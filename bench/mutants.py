@@ -115,17 +115,21 @@ def apply(mutant: Mutant, tree: Path) -> None:
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
-def run_tests(mutant: Mutant, tree: Path, timeout_s: float) -> tuple[bool, float, str]:
-    """(caught, seconds, the tail of pytest's output): caught when the named tests fail (exit 1)."""
+def run_tests(mutant: Mutant, tree: Path, timeout_s: float) -> tuple[int, float, str]:
+    """(pytest's exit code, seconds, its summary line): a mutant is caught when the named tests fail (exit 1)."""
     # PYTEST_ADDOPTS is the caller's (CI runs its suite with -n 2): with xdist, -x ends a failing run as
-    # interrupted (exit 2), not failed (exit 1), and a caught mutant would read as a survivor.
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTEST_ADDOPTS": "", "COOPER_CACHE": os.environ.get(
-        "COOPER_CACHE", str(ROOT / ".pytest_cache" / "cooper"))}
+    # interrupted (exit 2), not failed (exit 1), and a caught mutant would read as a survivor. PYTEST_XDIST_* say
+    # the caller is an xdist worker, which this pytest is not (plugins read them: pytest-benchmark warns).
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_XDIST_")}
+    env.update(PYTHONPATH=str(tree), PYTEST_ADDOPTS="",
+               COOPER_CACHE=os.environ.get("COOPER_CACHE", str(ROOT / ".pytest_cache" / "cooper")))
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-    return done.returncode == 1, round(time.monotonic() - started, 1), tail[0]
+    # pytest's summary is stdout's last line; stderr may end with a plugin's warning (pytest-benchmark warns there
+    # where it is installed), so it is the tail only when stdout is empty.
+    tail = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or [""]
+    return done.returncode, round(time.monotonic() - started, 1), tail[0]
 
 
 def main() -> int:
@@ -145,16 +149,17 @@ def main() -> int:
     # The named tests first pass on an unmutated copy: a mutant "caught" by tests that fail anyway proves nothing.
     union = Mutant("unmutated", "", "", "", tuple(dict.fromkeys(t for m in chosen for t in m.tests)), "")
     with tempfile.TemporaryDirectory(prefix="cooper-mutant-") as scratch:
-        failed, seconds, tail = run_tests(union, scratch_copy(Path(scratch)), args.timeout)
-    if failed or "passed" not in tail:
-        raise SystemExit(f"the tests fail without a mutant ({tail}): fix them first")
+        code, seconds, tail = run_tests(union, scratch_copy(Path(scratch)), args.timeout)
+    if code != 0:
+        raise SystemExit(f"the tests fail without a mutant (pytest exit {code}: {tail}): fix them first")
     print(f"unmutated: the {len(union.tests)} tests pass in {seconds} s", flush=True)
     results = {}
     for mutant in chosen:
         with tempfile.TemporaryDirectory(prefix="cooper-mutant-") as scratch:
             tree = scratch_copy(Path(scratch))
             apply(mutant, tree)
-            caught, seconds, tail = run_tests(mutant, tree, args.timeout)
+            code, seconds, tail = run_tests(mutant, tree, args.timeout)
+            caught = code == 1
         results[mutant.name] = {"caught": caught, "seconds": seconds}
         print(f"{mutant.name}: {'caught' if caught else 'SURVIVED'} in {seconds} s ({tail})", flush=True)
     survived = [name for name, r in results.items() if not r["caught"]]
