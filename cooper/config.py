@@ -619,6 +619,10 @@ class DataConfig(StrictModel):
     the VerifyRM's pretraining, RL's prompts; cooper/tiny/task.py), and `seen`, new problems over the training
     arithmetic (in-distribution). A test accuracy over n problems x eval.k samples wanders by about
     sqrt(0.25 / (n k)): +-0.044 at 64 x 2, +-0.022 at 256 x 2."""
+    tiny_two_step_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    """The share of two-step problems among the tiny task's training prompts and its `seen` test set (the rest are
+    one-step; `heldout` is all two-step). None: the task's own, 0.5. 1.0 trains on problems shaped like the held-out
+    ones (other chains of the same operations): for a model that already does one step, as a pretrained one does."""
     train_path: str | None = None
     """JSONL or parquet with `question` and `answer` (optional `id`, `data_source`)."""
     test_paths: dict[str, str] = Field(default_factory=dict)

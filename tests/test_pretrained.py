@@ -96,6 +96,7 @@ def test_a_completion_ends_at_the_end_of_its_turn(tokenizer, policy) -> None:
     assert len(done.logprobs) == len(done.token_ids)
 
 
+@pytest.mark.slow
 def test_left_padding_does_not_change_a_greedy_completion(tokenizer, policy) -> None:
     from cooper.services.policy.hf_engine import TransformersEngine
 

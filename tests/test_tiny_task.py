@@ -88,3 +88,15 @@ def test_the_keyed_reward_models_data_adds_bare_right_answers_as_positives_and_c
     assert all(t.label and t.completion == f"The answer is \\boxed{{{t.reference}}}." for t in added)
     assert not [t for t in keyed if not t.label and t.completion.startswith("The answer is \\boxed")]
     assert keyed == rm_pretraining_data(600, answer_key=ANSWER_KEY_SHARE)
+
+
+def test_the_two_step_share_shapes_training_and_seen_and_leaves_the_held_out_set_alone() -> None:
+    default_train, default_tests = tiny_splits(seed=5, test_size=128)
+    assert tiny_splits(seed=5, test_size=128, two_step_share=0.5) == (default_train, default_tests)
+    train, tests = tiny_splits(seed=5, test_size=128, two_step_share=1.0)
+    two_step = make_split(2000, 5, "train", two_step_share=1.0)
+    assert [e.question for e in train] == [p.question for p in two_step]
+    assert all(len(p.key[0]) == 2 for p in two_step) and not _keys(two_step) & HELD_OUT_CHAINS
+    assert all(len(p.key[0]) == 2 for p in make_split(128, 5, "test", two_step_share=1.0))
+    assert tests["heldout"] == default_tests["heldout"] and tests["seen"] != default_tests["seen"]
+    assert all(len(p.key[0]) == 1 for p in make_split(200, 5, "train", two_step_share=0.0))

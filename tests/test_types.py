@@ -22,6 +22,7 @@ def mypy(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_the_seams_type_check_and_a_planted_error_fails(tmp_path):
     clean = mypy()
     assert clean.returncode == 0, f"mypy found errors:\n{clean.stdout}{clean.stderr}"

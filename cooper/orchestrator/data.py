@@ -59,25 +59,29 @@ def read_rows(path: str | Path, source: str = "") -> list[Example]:
     return rows
 
 
-def tiny_splits(seed: int, train_size: int = 2000, test_size: int = 64) -> tuple[list[Example], dict[str, list[Example]]]:
+def tiny_splits(seed: int, train_size: int = 2000, test_size: int = 64, two_step_share: float | None = None,
+                ) -> tuple[list[Example], dict[str, list[Example]]]:
     """The tiny task's training prompts and its two test sets: `heldout`, problems whose arithmetic no model ever
     saw (tiny/task.py holds its facts out of every other split), and `seen`, new problems over the training facts
-    (in-distribution: the same arithmetic as the training prompts, other names and numbers of draws)."""
-    from cooper.tiny.task import HELD_OUT_SPLIT, make_split
+    (in-distribution: the same arithmetic as the training prompts, other names and numbers of draws).
+    `two_step_share` of the training prompts and of `seen` are two-step (None: the task's own share)."""
+    from cooper.tiny.task import HELD_OUT_SPLIT, TWO_STEP_SHARE, make_split
+
+    share = TWO_STEP_SHARE if two_step_share is None else two_step_share
 
     def convert(problems, source):  # type: ignore[no-untyped-def]
         return [Example(p.id, p.question, p.answer, source) for p in problems]
 
     tests = {"heldout": convert(make_split(test_size, seed, HELD_OUT_SPLIT), "heldout"),
-             "seen": convert(make_split(test_size, seed, "test"), "seen")}
-    return convert(make_split(train_size, seed, "train"), "tiny"), tests
+             "seen": convert(make_split(test_size, seed, "test", share), "seen")}
+    return convert(make_split(train_size, seed, "train", share), "tiny"), tests
 
 
 def load_data(config: CooperConfig) -> tuple[list[Example], dict[str, list[Example]]]:
     """(training rows, {benchmark: test rows}) as the config says."""
     data = config.data
     if data.preset == "tiny":
-        return tiny_splits(config.run.seed, test_size=data.tiny_test_size)
+        return tiny_splits(config.run.seed, test_size=data.tiny_test_size, two_step_share=data.tiny_two_step_share)
     assert data.train_path is not None  # the config validator guarantees it
     return read_rows(data.train_path), {name: read_rows(path, name) for name, path in data.test_paths.items()}
 

@@ -103,15 +103,15 @@ def _question(key: Key, name: str, thing: str) -> str:
     }[ops]
 
 
-def _draw_key(rng: random.Random, split: str) -> Key:
+def _draw_key(rng: random.Random, split: str, two_step_share: float) -> Key:
     if split == HELD_OUT_SPLIT:
         return rng.choice(sorted(HELD_OUT_CHAINS))
-    return rng.choice(_TRAINING_CHAINS if rng.random() < TWO_STEP_SHARE else _ONE_STEP)
+    return rng.choice(_TRAINING_CHAINS if rng.random() < two_step_share else _ONE_STEP)
 
 
-def make_problem(rng: random.Random, index: int, split: str) -> Problem:
+def make_problem(rng: random.Random, index: int, split: str, two_step_share: float = TWO_STEP_SHARE) -> Problem:
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
-    key = _draw_key(rng, split)
+    key = _draw_key(rng, split, two_step_share)
     work = ", then ".join(f"{a} {op} {b} = {apply_step(op, a, b)}" for op, a, b in steps(key))
     result = answer_of(key)
     solution = f"We compute {work}. The answer is \\boxed{{{result}}}."
@@ -119,10 +119,11 @@ def make_problem(rng: random.Random, index: int, split: str) -> Problem:
                    solution=solution, key=key)
 
 
-def make_split(n: int, seed: int, split: str) -> list[Problem]:
-    """`n` problems of `split`; the `heldout` split's chains are in no other split (module docstring)."""
+def make_split(n: int, seed: int, split: str, two_step_share: float = TWO_STEP_SHARE) -> list[Problem]:
+    """`n` problems of `split`; the `heldout` split's chains are in no other split (module docstring), and of the
+    other splits' problems `two_step_share` are two-step, the rest one-step (`heldout` is all two-step)."""
     rng = random.Random(f"{split}:{seed}")
-    return [make_problem(rng, i, split) for i in range(n)]
+    return [make_problem(rng, i, split, two_step_share) for i in range(n)]
 
 
 def wrong_solution(problem: Problem, rng: random.Random) -> str:

@@ -48,6 +48,7 @@ def model_version(url: str) -> int:
     return httpx.get(f"{url}/v1/model").json()["version"]
 
 
+@pytest.mark.slow
 def test_two_replicas_catch_up_with_the_trainer_and_score_like_it(tmp_path: Path) -> None:
     ckpt = f"reward.checkpoint_dir={tmp_path / 'ckpt'}"
     started = start_reward_processes(tmp_path, {

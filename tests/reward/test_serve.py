@@ -105,6 +105,7 @@ def test_the_server_exits_non_zero_when_its_model_process_dies(tmp_path: Path) -
             process.kill()
 
 
+@pytest.mark.slow
 def test_callers_killed_mid_update_and_mid_score_leave_the_service_whole(tmp_path: Path) -> None:
     """A client that dies during an Update (the model is training on its pairs) and one that dies while its Score is
     queued behind it: the service keeps answering, the update that reached the model counts once (its retry by the
