@@ -74,10 +74,12 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def verifier_service():
-    """A real verifier service process on loopback (2 workers, 2 s timeout), shared by the session."""
+    """A real verifier service process on loopback (2 workers, 2 s timeout), shared by the session: one per xdist
+    worker, so every port is a free one (the default metrics port, 9101, is taken by the other worker's)."""
     from cooper.runtime.processes import start_service
 
-    service = start_service("verifier", overrides=["verifier.workers=2", "verifier.timeout_s=2"])
+    service = start_service("verifier", overrides=["verifier.workers=2", "verifier.timeout_s=2",
+                                                   "verifier.server.metrics_port=0"])
     yield service
     service.stop()
 

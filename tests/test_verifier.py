@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -15,7 +16,7 @@ from math_verify import parse, verify
 from verifier_cases import CASES
 
 from cooper.runtime.client import ServiceUnavailable
-from cooper.runtime.processes import start_service
+from cooper.runtime.processes import ServiceStartError, start_service
 from cooper.services.verifier.client import Verdict, VerifierClient, VerifyItem
 from cooper.services.verifier.rules import looks_bare
 
@@ -212,6 +213,18 @@ def test_a_caller_killed_mid_call_leaves_the_service_answering():
         assert service.process.poll() is None
     finally:
         service.stop()
+
+
+def test_a_service_that_cannot_start_fails_with_the_reason_from_its_log():
+    """Its metrics port is taken: the error carries the service's own log (read before stopping removes it)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(ServiceStartError, match=r"(?s)service verifier exited with 1:.*Address already in use"):
+            start_service("verifier", overrides=["verifier.workers=1", f"verifier.server.metrics_port={port}"])
+        assert time.monotonic() - started < 60
 
 
 def test_boxed_only_answers_refuse_a_repeated_question_expression():

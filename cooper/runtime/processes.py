@@ -202,15 +202,17 @@ def wait_until_ready(services: Sequence[ServiceProcess], timeout_s: float = 120.
                 service.info = json.loads(ready.read_text())
                 waiting.remove(service)
             elif service.process.poll() is not None:
+                # The log is read before stop(): stopping removes a temporary log directory with the log in it.
+                failure = f"service {service.name} exited with {service.process.returncode}:\n{service.log_tail()}"
                 for other in services:
                     other.stop(grace_s=2)
-                raise ServiceStartError(
-                    f"service {service.name} exited with {service.process.returncode}:\n{service.log_tail()}")
+                raise ServiceStartError(failure)
         if waiting and time.monotonic() > deadline:
+            names = ", ".join(s.name for s in waiting)
+            failure = f"{names} not ready after {timeout_s:.0f} s:\n{waiting[0].log_tail()}"
             for other in services:
                 other.stop(grace_s=2)
-            names = ", ".join(s.name for s in waiting)
-            raise ServiceStartError(f"{names} not ready after {timeout_s:.0f} s:\n{waiting[0].log_tail()}")
+            raise ServiceStartError(failure)
         if waiting:
             time.sleep(0.05)
 
