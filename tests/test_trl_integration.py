@@ -48,6 +48,18 @@ def test_each_call_scores_with_one_version_then_learns_from_the_batch(tmp_path):
         frozen(**trl_batch(1))
         assert frozen.versions == [2, 2] and frozen.last_learn is None
 
+        class LearntElsewhereMidBatch(CooperReward):
+            """Another trainer's learning step lands between the two scoring requests of this batch."""
+
+            def _post(self, path: str, body: dict) -> dict:  # type: ignore[type-arg]
+                reply = super()._post(path, body)
+                if path == "/v1/score" and reply["version"] == 2:
+                    assert CooperReward(served.url)._post("/v1/learn", {})["version"] == 3
+                return reply
+
+        with pytest.raises(RewardServiceError, match=r"scored by VerifyRM versions \[2, 3\]"):
+            LearntElsewhereMidBatch(served.url, learn=False, max_items=6)(**trl_batch(2))
+
         with pytest.raises(KeyError, match="reference_key"):
             reward(**{k: v for k, v in trl_batch(0).items() if k != "answer"}, ground_truth=["1"] * 12)
 

@@ -43,13 +43,18 @@ def margin(scored: dict) -> float:  # type: ignore[type-arg]
 def test_a_learning_step_trains_on_what_was_scored_and_the_next_scores_name_the_new_version(tmp_path):
     items = batch()
     config = make_config(tmp_path, learn_online=LearnOnlineConfig(enabled=True))
+    # Another question with the first one's reference, answered wrongly and never rightly: a group is a question
+    # with its reference, so this answer has no right one to be paired against (not the first question's).
+    same_reference = {"question": "A question of its own with the same answer.", "reference": items[0]["reference"],
+                      "completion": items[1]["completion"]}
     with serve_http(config) as served:
         before = score(served.url, items)
         assert before["version"] == 0
+        score(served.url, [same_reference])
         step = httpx.post(f"{served.url}/v1/learn", timeout=120).json()
         # 6 questions: each one right, one wrong and one without an answer -> 12 pairs, all against the right one
         assert step | {"pair_accuracy_before": None, "pair_accuracy_after": None} == {
-            "version": 1, "completions": 18, "correct": 6, "rejected": 12, "unchecked": 0, "pairs": 12,
+            "version": 1, "completions": 19, "correct": 6, "rejected": 13, "unchecked": 0, "pairs": 12,
             "dropped": 0, "pair_accuracy_before": None, "pair_accuracy_after": None}
         assert step["pair_accuracy_after"] >= step["pair_accuracy_before"]
         after = score(served.url, items)
