@@ -31,6 +31,15 @@ so they cost the step only what they take on the policy's GPUs, or what they tak
   and VerifyRM on the rest.
 - `cooper-split`: Cooper's graph with the policy on `gpus - 2`, VerifyRM on 1, the assistant on 1 (one GPU per
   service): rollout and update slow down by the GPUs they lose, and scoring on one GPU gates the update.
+- `cooper-side-gpu`: the policy on `gpus - 1`; VerifyRM and the assistant share the last GPU, time-sliced (their
+  work there adds up, and the step is at least that long).
+- `cooper-colocated-unsharded`: VerifyRM resident on one of the policy's GPUs as one process (the reward service
+  trains on one device): its scoring and update add to that GPU's time, and the policy's ranks, which meet at every
+  collective, wait for it; the assistant on a GPU of its own.
+
+The `cooper-colocated` layouts need VerifyRM sharded over the policy's GPUs; Cooper's reward service runs on one
+device, so of what it ships, `cooper-side-gpu` and `cooper-colocated-unsharded` are the layouts it can run today
+(docs/operations.md, "Where VerifyRM and the assistant run").
 
 Memory per GPU (GB) for each layout: weights, gradients and AdamW state (`bytes_per_param_trained`) sharded over the
 GPUs a model trains on, frozen weights (`bytes_per_param_frozen`) likewise; the rest is vLLM's KV cache.
@@ -118,6 +127,7 @@ def layouts(a: Assumptions) -> dict[str, dict[str, float]]:
                          p["negatives"] + p["rm_update"] * on(gpus))
 
     split = a.gpus - 2
+    side_gpu_s = p["rm_score_one_gpu"] + p["negatives"] + p["rm_update_one_gpu"]
     rows = {  # name: (step seconds, GPUs used)
         "rule": (p["rollout"] + p["policy_update"], a.gpus),
         "static": (p["rollout"] + p["rm_score"] + p["policy_update"], a.gpus),
@@ -131,6 +141,11 @@ def layouts(a: Assumptions) -> dict[str, dict[str, float]]:
         # scoring on VerifyRM's one GPU gates the policy's update; its update and the negatives have GPUs of their own
         "cooper-split": (pipelined((p["rollout"] + p["policy_update"]) * on(split) + p["rm_score_one_gpu"],
                                    p["negatives"] + p["rm_update_one_gpu"]), a.gpus),
+        "cooper-side-gpu": (max((p["rollout"] + p["policy_update"]) * on(a.gpus - 1) + p["rm_score_one_gpu"],
+                                side_gpu_s), a.gpus),
+        "cooper-colocated-unsharded": (pipelined(p["rollout"] + p["policy_update"] + p["rm_score_one_gpu"]
+                                                 + p["rm_update_one_gpu"], p["negatives"] + p["rm_update_one_gpu"]),
+                                       a.gpus + 1),
     }
     memory = memory_per_gpu(a)
     rule = rows["rule"][0]
@@ -139,7 +154,8 @@ def layouts(a: Assumptions) -> dict[str, dict[str, float]]:
 
 
 def memory_per_gpu(a: Assumptions) -> dict[str, dict[str, float]]:
-    """GB per GPU of model state (weights, gradients, optimizer, frozen copies), and what is left for the KV cache."""
+    """GB per GPU of model state (weights, gradients, optimizer, frozen copies), and what is left for the KV cache:
+    on the policy's GPUs, or on the busiest GPU where one holds more (the layouts with VerifyRM on one device)."""
     gb = 1e9
     policy = a.policy_params * a.bytes_per_param_trained / gb
     reference = a.policy_params * a.bytes_per_param_frozen / gb
@@ -155,6 +171,9 @@ def memory_per_gpu(a: Assumptions) -> dict[str, dict[str, float]]:
         "cooper-colocated": shared + rm_trained / a.gpus,
         "cooper-colocated-same-gpus": (policy + reference + rm_trained) / (a.gpus - 1) + rollout_copy,
         "cooper-split": (policy + reference) / (a.gpus - 2) + rollout_copy,  # the policy's GPUs
+        # the GPU VerifyRM shares: with the assistant's weights; with a policy rank's share
+        "cooper-side-gpu": rm_trained + a.assistant_params * a.bytes_per_param_frozen / gb,
+        "cooper-colocated-unsharded": shared + rm_trained,
     }
     return {name: {"state_gb_per_gpu": round(used, 1), "kv_cache_gb_per_gpu": round(a.gpu_memory_gb - used, 1)}
             for name, used in out.items()}

@@ -213,6 +213,8 @@ def test_compose_runs_the_policy_on_the_gpus_in_policy_gpus():
     assert load_config(environ=policy.env).policy.world_size == "auto"
     default = compose.load_compose(COMPOSE)
     assert compose._gpu_ids(default["services"]["policy"]) == ["0"]  # one GPU, one rank, unless told otherwise
+    # VerifyRM and the assistant share the other GPU (docs/operations.md, "Where VerifyRM and the assistant run")
+    assert compose._gpu_ids(default["services"]["reward"]) == compose._gpu_ids(default["services"]["generator"]) == ["1"]
 
 
 def test_compose_wires_the_token_and_the_redis_password(compose_file):
@@ -517,6 +519,53 @@ def test_overlay_patch_runs_the_policy_on_four_gpus(k8s_tree, tmp_path):
     assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 4
     policy = next(c for c in k8s.containers(objs) if c.role == "policy")
     assert policy.env["COOPER_POLICY__WORLD_SIZE"] == "auto"
+
+
+def _with_side_gpu(k8s_tree: Path, tmp_path: Path) -> Path:
+    """A copy of the tree whose overlay takes components/side-gpu, as docs/operations.md says."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree)
+    kustomization = tree / OVERLAY / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/side-gpu\n")
+    return tree
+
+
+def test_side_gpu_component_puts_verifyrm_and_the_assistant_on_one_shared_gpu(k8s_tree, tmp_path):
+    objs = kustomize.build(_with_side_gpu(k8s_tree, tmp_path) / OVERLAY)
+    # resource.k8s.io/v1 is GA from Kubernetes 1.34: the newest schemas know it, 1.27's do not.
+    assert k8s.schema_problems(objs, k8s.K8S_VERSIONS[-1]) == []
+    assert k8s.rule_problems(objs) == [] and k8s.reference_problems(objs) == []
+    claim = next(o for o in objs if o["kind"] == "ResourceClaim")
+    assert claim["metadata"]["namespace"] == "cooper"
+    assert [r["exactly"]["count"] for r in claim["spec"]["devices"]["requests"]] == [1]
+    deployments = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"}
+    for name in ("reward", "generator"):
+        spec = deployments[name]
+        assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}]
+        resources = spec["containers"][0]["resources"]
+        assert resources["claims"] == [{"name": "gpu"}]
+        assert "nvidia.com/gpu" not in resources["limits"] and "nvidia.com/gpu" not in resources["requests"]
+    assert deployments["policy"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1  # untouched
+
+
+@pytest.mark.parametrize(("file", "old", "new", "needle"), [
+    ("resourceclaim.yaml", "  name: side-gpu\n", "  name: other-gpu\n",
+     "uses ResourceClaim side-gpu, which the build does not define"),
+    ("reward.yaml", "            claims:\n              - name: gpu\n", "",
+     "reward: nvidia.com/gpu limit is 0 and 0 GPUs claimed"),
+    ("generator.yaml", "              - name: gpu\n", "              - name: gpus\n",
+     "uses resource claims ['gpus'], which its pod does not name"),
+    ("generator.yaml", "              nvidia.com/gpu: null\n            claims:", "              nvidia.com/gpu: 1\n"
+     "            claims:", "takes GPUs both from the device plugin and from a ResourceClaim"),
+])
+def test_side_gpu_rules_catch_planted_errors(k8s_tree, tmp_path, file, old, new, needle):
+    tree = _with_side_gpu(k8s_tree, tmp_path)
+    path = tree / "components" / "side-gpu" / file
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    objs = kustomize.build(tree / OVERLAY)
+    problems = k8s.rule_problems(objs) + k8s.reference_problems(objs)
+    assert any(needle in p for p in problems), problems
 
 
 def test_overlay_without_its_token_file_names_the_example(tmp_path):

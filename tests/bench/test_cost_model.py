@@ -31,6 +31,18 @@ def test_layouts_keep_their_order(change):
     # giving up GPUs to the other services costs the policy their share
     assert step["cooper-colocated-same-gpus"] >= step["cooper-colocated"]
     assert rows["cooper-colocated"]["state_gb_per_gpu"] > rows["static"]["state_gb_per_gpu"]  # VerifyRM's optimizer
+    # VerifyRM on one device: never cheaper than sharded over the policy's GPUs, and its whole state on that device
+    assert step["cooper-colocated-unsharded"] >= step["cooper-colocated"]
+    assert rows["cooper-colocated-unsharded"]["state_gb_per_gpu"] > rows["cooper-colocated"]["state_gb_per_gpu"]
+    # the shared GPU's time-slices add up: the step is at least its scoring, negatives and update
+    side = parts["rm_score_one_gpu"] + parts["negatives"] + parts["rm_update_one_gpu"]
+    assert step["cooper-side-gpu"] >= side - 0.01 and step["cooper-side-gpu"] > step["rule"]
+
+
+def test_the_layout_the_deployments_ship_is_the_cheapest_they_can_run_at_the_papers_shape():
+    """docs/operations.md's claim, at the defaults: of the layouts with VerifyRM on one device, the shared side GPU."""
+    step = {name: row["step_s"] for name, row in cost_model.layouts(cost_model.Assumptions()).items()}
+    assert step["cooper-side-gpu"] < min(step["cooper-split"], step["cooper-colocated-unsharded"])
 
 
 def test_fewer_than_three_gpus_is_refused_by_name(capsys):

@@ -305,6 +305,21 @@ def pods(objs: list[Obj]) -> list[Pod]:
     return out
 
 
+def claimed_gpus(objs: list[Obj], spec: Obj, container: Obj) -> int:
+    """The GPUs a container takes through Dynamic Resource Allocation: the devices of every ResourceClaim its pod
+    names and it lists in `resources.claims` (a claim the build does not define counts none; reference_problems
+    names it)."""
+    by_name = {claim["name"]: claim.get("resourceClaimName") for claim in spec.get("resourceClaims", [])}
+    count = 0
+    for used in (container.get("resources") or {}).get("claims", []):
+        claim = _find(objs, "ResourceClaim", by_name.get(used["name"]) or "")
+        for request in ((claim or {}).get("spec", {}).get("devices") or {}).get("requests", []):
+            exactly = request.get("exactly") or {}
+            if exactly.get("deviceClassName", "").startswith("gpu."):
+                count += int(exactly.get("count", 1))
+    return count
+
+
 def reference_problems(objs: list[Obj]) -> list[str]:
     """Every name one object uses for another resolves in the build (generated names included)."""
     problems = []
@@ -318,7 +333,16 @@ def reference_problems(objs: list[Obj]) -> list[str]:
                 if key in volume and _find(objs, kind, volume[key][field]) is None:
                     problems.append(f"{_id(obj)}: volume {volume['name']} uses {kind} {volume[key][field]}, "
                                     f"which the build does not define")
+        claims = {claim["name"] for claim in spec.get("resourceClaims", [])}
+        for claim in spec.get("resourceClaims", []):
+            if "resourceClaimName" in claim and _find(objs, "ResourceClaim", claim["resourceClaimName"]) is None:
+                problems.append(f"{_id(obj)}: resource claim {claim['name']} uses ResourceClaim "
+                                f"{claim['resourceClaimName']}, which the build does not define")
         for c in spec.get("containers", []):
+            unknown = {used["name"] for used in (c.get("resources") or {}).get("claims", [])} - claims
+            if unknown:
+                problems.append(f"{_id(obj)}: container {c['name']} uses resource claims {sorted(unknown)}, which "
+                                f"its pod does not name")
             mounts = {m["name"] for m in c.get("volumeMounts", [])}
             missing = mounts - {v["name"] for v in spec.get("volumes", [])} - \
                 {t["metadata"]["name"] for t in obj.get("spec", {}).get("volumeClaimTemplates", [])}
@@ -409,8 +433,12 @@ def rule_problems(objs: list[Obj]) -> list[str]:
             if image_repo(c["image"]) != want_repo:
                 problems.append(f"{where}: runs image {c['image']}, expected the {want_repo} image")
             gpus = int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0))
-            if (gpus >= 1) != (role in GPU_SERVICES):
-                problems.append(f"{where}: nvidia.com/gpu limit is {gpus}; the GPU services need one, others none")
+            claimed = claimed_gpus(objs, spec, c)
+            if gpus and claimed:
+                problems.append(f"{where}: takes GPUs both from the device plugin and from a ResourceClaim")
+            if (gpus + claimed >= 1) != (role in GPU_SERVICES):
+                problems.append(f"{where}: nvidia.com/gpu limit is {gpus} and {claimed} GPUs claimed; the GPU "
+                                f"services need one, others none")
             requested = int((c.get("resources", {}).get("requests") or {}).get("nvidia.com/gpu", gpus))
             if requested != gpus:
                 problems.append(f"{where}: requests {requested} nvidia.com/gpu but limits {gpus}; they must be equal")
