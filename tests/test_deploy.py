@@ -277,14 +277,20 @@ def test_k8s_network_policies_open_only_what_is_meant(builds, build, metrics_fro
     assert k8s.network_problems(builds[build], metrics_from_monitoring) == []
 
 
-def _planted_base(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str) -> list[dict]:
+def _edited_tree(k8s_tree: Path, tmp_path: Path, *edits: tuple[str, str, str]) -> Path:
+    """A copy of deploy/k8s with each edit (file under it, old text, new text) made once; the old text must be there."""
     tree = tmp_path / "k8s"
     shutil.copytree(k8s_tree, tree)
-    path = tree / "base" / file
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {file}"
-    path.write_text(text.replace(old, new, 1))
-    return kustomize.build(tree / "base")
+    for file, old, new in edits:
+        path = tree / file
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {file}"
+        path.write_text(text.replace(old, new, 1))
+    return tree
+
+
+def _planted_base(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str) -> list[dict]:
+    return kustomize.build(_edited_tree(k8s_tree, tmp_path, (f"base/{file}", old, new)) / "base")
 
 
 @pytest.mark.parametrize(("file", "old", "new", "check", "needle"), [
@@ -348,13 +354,7 @@ def test_k8s_checks_catch_planted_errors(k8s_tree, tmp_path, file, old, new, che
 
 
 def _planted_multi_node(k8s_tree: Path, tmp_path: Path, file: str, old: str, new: str) -> list[dict]:
-    tree = tmp_path / "k8s"
-    shutil.copytree(k8s_tree, tree)
-    path = tree / MULTI_NODE / file
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {file}"
-    path.write_text(text.replace(old, new, 1))
-    return kustomize.build(tree / MULTI_NODE)
+    return kustomize.build(_edited_tree(k8s_tree, tmp_path, (f"{MULTI_NODE}/{file}", old, new)) / MULTI_NODE)
 
 
 @pytest.mark.parametrize(("old", "new", "needle"), [
@@ -502,15 +502,16 @@ def test_overlay_sets_namespace_images_config_token_and_patches(builds, k8s_tree
     assert names(base, "ConfigMap") != names(overlay, "ConfigMap") and names(base, "Secret") != names(overlay, "Secret")
 
 
+LAST_PATCH = "  - path: patches/checkpoints.yaml\n"
+"""The overlay's kustomization.yaml ends with this line of its `patches:` list."""
+SIDE_GPU = (f"{OVERLAY}/kustomization.yaml", LAST_PATCH, LAST_PATCH + "components:\n  - ../../components/side-gpu\n")
+"""The edit that gives the overlay components/side-gpu, as docs/operations.md says."""
+
+
 def test_overlay_patch_runs_the_policy_on_four_gpus(k8s_tree, tmp_path):
     """patches/policy-gpus.yaml, added to the overlay as docs/operations.md "Several GPUs" says: a valid 4-GPU policy pod."""
-    tree = tmp_path / "k8s"
-    shutil.copytree(k8s_tree, tree)
-    kustomization = tree / OVERLAY / "kustomization.yaml"
-    text = kustomization.read_text()
-    assert "  - path: patches/checkpoints.yaml\n" in text
-    kustomization.write_text(text.replace("  - path: patches/checkpoints.yaml\n",
-                                          "  - path: patches/checkpoints.yaml\n  - path: patches/policy-gpus.yaml\n"))
+    tree = _edited_tree(k8s_tree, tmp_path, (f"{OVERLAY}/kustomization.yaml", LAST_PATCH,
+                                             LAST_PATCH + "  - path: patches/policy-gpus.yaml\n"))
     objs = kustomize.build(tree / OVERLAY)
     assert k8s.schema_problems(objs, k8s.K8S_VERSIONS[-1]) == []
     assert k8s.rule_problems(objs) == [] and k8s.reference_problems(objs) == []
@@ -521,17 +522,8 @@ def test_overlay_patch_runs_the_policy_on_four_gpus(k8s_tree, tmp_path):
     assert policy.env["COOPER_POLICY__WORLD_SIZE"] == "auto"
 
 
-def _with_side_gpu(k8s_tree: Path, tmp_path: Path) -> Path:
-    """A copy of the tree whose overlay takes components/side-gpu, as docs/operations.md says."""
-    tree = tmp_path / "k8s"
-    shutil.copytree(k8s_tree, tree)
-    kustomization = tree / OVERLAY / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text() + "components:\n  - ../../components/side-gpu\n")
-    return tree
-
-
 def test_side_gpu_component_puts_verifyrm_and_the_assistant_on_one_shared_gpu(k8s_tree, tmp_path):
-    objs = kustomize.build(_with_side_gpu(k8s_tree, tmp_path) / OVERLAY)
+    objs = kustomize.build(_edited_tree(k8s_tree, tmp_path, SIDE_GPU) / OVERLAY)
     # resource.k8s.io/v1 is GA from Kubernetes 1.34: the newest schemas know it, 1.27's do not.
     assert k8s.schema_problems(objs, k8s.K8S_VERSIONS[-1]) == []
     assert k8s.rule_problems(objs) == [] and k8s.reference_problems(objs) == []
@@ -559,10 +551,7 @@ def test_side_gpu_component_puts_verifyrm_and_the_assistant_on_one_shared_gpu(k8
      "            claims:", "takes GPUs both from the device plugin and from a ResourceClaim"),
 ])
 def test_side_gpu_rules_catch_planted_errors(k8s_tree, tmp_path, file, old, new, needle):
-    tree = _with_side_gpu(k8s_tree, tmp_path)
-    path = tree / "components" / "side-gpu" / file
-    assert old in path.read_text()
-    path.write_text(path.read_text().replace(old, new))
+    tree = _edited_tree(k8s_tree, tmp_path, SIDE_GPU, (f"components/side-gpu/{file}", old, new))
     objs = kustomize.build(tree / OVERLAY)
     problems = k8s.rule_problems(objs) + k8s.reference_problems(objs)
     assert any(needle in p for p in problems), problems
