@@ -55,7 +55,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
     from cooper.runtime.models import load_causal_lm, resolve_model
     from cooper.services.policy.engine import SamplingParams
     from cooper.services.policy.hf_engine import TransformersEngine
-    from cooper.tiny.task import TWO_STEP_SHARE, make_split
+    from cooper.tiny.task import make_split
 
     config = load_config(preset_path(config_name))
     torch.set_num_threads(config.policy.torch_threads)
@@ -65,7 +65,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
     sampling = config.policy.sampling
     params = SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                             max_new_tokens=sampling.max_new_tokens, seed=seed)
-    chosen = make_split(problems, seed, split, TWO_STEP_SHARE if two_step_share is None else two_step_share)
+    chosen = make_split(problems, seed, split, two_step_share)
     started = time.monotonic()
     prompts = [config.data.prompt_template.replace("{question}", p.question) for p in chosen]
     groups = engine.generate(prompts, params)
@@ -129,8 +129,8 @@ def main() -> int:
                         help="annotate with the verifier alone (cooper annotate --without-judge)")
     parser.add_argument("--two-step-share", type=float, default=None,
                         help="the share of two-step problems (data.tiny_two_step_share) in the training triples and "
-                             "the training runs; the held-out triples are then new problems of the same mix (the "
-                             "`seen` split), or the two-step `heldout` split where no share is set. Default: the "
+                             "the training runs; the held-out triples are then new problems of the same mix, drawn "
+                             "apart from the training triples', or the two-step `heldout` split where no share is set. Default: the "
                              "presets' (configs/smol-*.yaml)")
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()

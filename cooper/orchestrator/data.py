@@ -65,16 +65,14 @@ def tiny_splits(seed: int, train_size: int = 2000, test_size: int = 64, two_step
     saw (tiny/task.py holds its facts out of every other split), and `seen`, new problems over the training facts
     (in-distribution: the same arithmetic as the training prompts, other names and numbers of draws).
     `two_step_share` of the training prompts and of `seen` are two-step (None: the task's own share)."""
-    from cooper.tiny.task import HELD_OUT_SPLIT, TWO_STEP_SHARE, make_split
-
-    share = TWO_STEP_SHARE if two_step_share is None else two_step_share
+    from cooper.tiny.task import HELD_OUT_SPLIT, make_split
 
     def convert(problems, source):  # type: ignore[no-untyped-def]
         return [Example(p.id, p.question, p.answer, source) for p in problems]
 
     tests = {"heldout": convert(make_split(test_size, seed, HELD_OUT_SPLIT), "heldout"),
-             "seen": convert(make_split(test_size, seed, "test", share), "seen")}
-    return convert(make_split(train_size, seed, "train", share), "tiny"), tests
+             "seen": convert(make_split(test_size, seed, "test", two_step_share), "seen")}
+    return convert(make_split(train_size, seed, "train", two_step_share), "tiny"), tests
 
 
 def load_data(config: CooperConfig) -> tuple[list[Example], dict[str, list[Example]]]:

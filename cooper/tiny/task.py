@@ -119,11 +119,13 @@ def make_problem(rng: random.Random, index: int, split: str, two_step_share: flo
                    solution=solution, key=key)
 
 
-def make_split(n: int, seed: int, split: str, two_step_share: float = TWO_STEP_SHARE) -> list[Problem]:
+def make_split(n: int, seed: int, split: str, two_step_share: float | None = None) -> list[Problem]:
     """`n` problems of `split`; the `heldout` split's chains are in no other split (module docstring), and of the
-    other splits' problems `two_step_share` are two-step, the rest one-step (`heldout` is all two-step)."""
+    other splits' problems `two_step_share` are two-step (None: TWO_STEP_SHARE), the rest one-step (`heldout` is all
+    two-step)."""
     rng = random.Random(f"{split}:{seed}")
-    return [make_problem(rng, i, split, two_step_share) for i in range(n)]
+    share = TWO_STEP_SHARE if two_step_share is None else two_step_share
+    return [make_problem(rng, i, split, share) for i in range(n)]
 
 
 def wrong_solution(problem: Problem, rng: random.Random) -> str:
