@@ -26,7 +26,8 @@ wait in --sweep-wait-ms (1,2,5 ms); model processes 1 and 2 for every server tha
 physical cores; a test holds every grid to the service's counts): the service's reward.model_copies, mosec's
 inference workers, LitServe's workers (workers_per_device) and the naive server's uvicorn workers; the service with 2
 and 3 batches in flight per model process (reward.batching.max_inflight), spreading off and on
-(reward.batching.spread: a batch no larger than the outstanding items over the batch slots); mosec's tokenizing
+(reward.batching.spread: a batch no larger than the outstanding items over the batch slots), tokenizing in its
+serving process or in its model processes (--sweep-tokenize; reward.tokenize_in_model); mosec's tokenizing
 stage in 1 and 2 processes, unbatched and batched (the same max batch and wait as its inference stage); LitServe
 with fast_queue off and on, and with 1 API server in front or as many as its workers (LitServe's default). vLLM has
 no batching timer (its scheduler takes whatever has arrived at each step); the sweep tries the settings its CPU
@@ -416,18 +417,20 @@ def service_launcher(loop: str) -> list[str]:
 
 def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int,
                   service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3),
-                  threads: int = 1) -> list[dict]:
+                  threads: int = 1, service_tokenize: tuple[str, ...] = ("serving", "model")) -> list[dict]:
     """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers; model
     processes (`service_copies`, those beyond one only where there are cores for them) for every server that has
     them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
-    workers; and each server's own knobs: the service's batches in flight and spreading (on and off), mosec's
+    workers; and each server's own knobs: the service's batches in flight, spreading (on and off) and where it
+    tokenizes (`service_tokenize`: "serving", its serving process as each request arrives, or "model", each model
+    process a batch at a time: reward.tokenize_in_model), mosec's
     tokenizing stage (processes, batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
     whatever has arrived at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
     processes = [n for n in service_copies if n == 1 or n <= cores]
     batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
     if name == "service":
-        return [dict(s, inflight=i, copies=n, spread=sp) for n in processes for i in service_inflight
-                for sp in (False, True) for s in batching]
+        return [dict(s, inflight=i, copies=n, spread=sp, tokenize=t) for n in processes for i in service_inflight
+                for sp in (False, True) for t in service_tokenize for s in batching]
     if name == "mosec":
         return [dict(s, workers=n, tokenizers=t, tokenize_batched=tb) for n in processes for t in processes
                 for tb in (False, True) for s in batching]
@@ -501,6 +504,8 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
             batching.append(f"reward.model_copies={setting['copies']}")
         if "spread" in setting:
             batching.append(f"reward.batching.spread={str(setting['spread']).lower()}")
+        if "tokenize" in setting:
+            batching.append(f"reward.tokenize_in_model={str(setting['tokenize'] == 'model').lower()}")
         return [*service_launcher(args.loop), "--log-level", "WARNING", "serve", "reward", "--port", "0",
                 f"reward.http.port={port}", f"reward.checkpoint_dir={tmp}/ckpt", "reward.server.metrics_port=null",
                 f"reward.model={args.model}", f"reward.device={args.device}", "reward.dtype=float32", *batching]
@@ -645,6 +650,9 @@ def main() -> None:
     parser.add_argument("--sweep-inflight", default="2,3",
                         help="the service's batches in flight per model process (reward.batching.max_inflight) the sweep "
                              "tries")
+    parser.add_argument("--sweep-tokenize", default="serving,model",
+                        help="where the service tokenizes in the sweep: serving (its serving process, as each request "
+                             "arrives), model (each model process, a batch at a time: reward.tokenize_in_model)")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="event loop of the service; auto = uvloop when installed, as uvicorn picks for the naive "
                              "server")
@@ -684,8 +692,11 @@ def main() -> None:
     waits_ms = [float(x) for x in args.sweep_wait_ms.split(",")]
     copies = tuple(int(x) for x in args.sweep_copies.split(","))
     inflight = tuple(int(x) for x in args.sweep_inflight.split(","))
+    tokenize = tuple(args.sweep_tokenize.split(","))
+    if not set(tokenize) <= {"serving", "model"}:
+        raise SystemExit(f"--sweep-tokenize: {args.sweep_tokenize!r}; give serving, model or both, comma-separated")
     grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1, copies, inflight,
-                                 args.threads) for name in running}
+                                 args.threads, tokenize) for name in running}
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}
@@ -712,8 +723,8 @@ def main() -> None:
             print(f"reward_http: confirm {index + 1}/{len(confirming)} {name} {setting_label(entry['setting'])}: "
                   f"{result['items_per_s']:.0f} items/s (mean {entry['items_per_s']:.0f})", file=sys.stderr)
         best = {name: best_setting(sweeps[name]) if sweeps[name] else grids[name][0] for name in running}
-        if "baseline" in best:
-            best["baseline"] = best["service"]
+        if "baseline" in best:  # the other checkout at the same setting, tokenizing where it always did
+            best["baseline"] = {key: value for key, value in best["service"].items() if key != "tokenize"}
         # The ceiling runs as many model processes as the service's best setting.
         bare_models = BareModels(bare, best["service"].get("copies", 1), model_dir, items, args.threads, args.device)
         for round_index in range(args.rounds):

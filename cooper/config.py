@@ -300,6 +300,10 @@ class RewardConfig(TrainerDurability):
     """Run VerifyRM (forward passes, updates, checkpoints) in a child process of its own, so that the HTTP and gRPC
     servers (which also tokenize requests) never compete with it for the GIL; False runs it on a thread of the
     serving process."""
+    tokenize_in_model: bool = False
+    """Tokenize in the model's process, one batched tokenizer call per scoring batch, instead of in the serving
+    process, a call per request as it arrives: the serving process then only parses, batches and answers (the texts
+    cross to the model process instead of their token ids). With model_copies, each copy tokenizes its own batches."""
     model_copies: int | None = Field(default=None, ge=1)
     """With model_process: this many model processes, each a whole copy of VerifyRM; None: chosen from the machine
     at start-up, on a CPU one per physical core its torch_threads leave room for, on a GPU one (serving_defaults.py). Scores go to the least busy

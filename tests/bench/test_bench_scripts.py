@@ -33,7 +33,7 @@ SCRIPTS = [
     pytest.param("reward_http.py", ["--servers", "service", "--seconds", "0.5", "--rounds", "1", "--clients", "4",
                                     "--items", "128", "--check-items", "8", "--warmup", "4", "--ceiling-seconds", "0.3",
                                     "--sweep-batch", "16", "--sweep-wait-ms", "2", "--sweep-seconds", "0.3",
-                                    "--sweep-copies", "1", "--sweep-inflight", "2"],
+                                    "--sweep-copies", "1", "--sweep-inflight", "2", "--sweep-tokenize", "model"],
                  {"servers", "best_settings", "ceiling_items_per_s", "ceiling_fraction", "scores_match",
                   "ratio_vs_best_peer_reason", "default_vs_best", "default_settings"}, marks=pytest.mark.slow,
                  id="reward_http"),

@@ -56,6 +56,7 @@ def test_litserve_gets_one_front_or_one_per_worker_and_mosec_a_swept_tokenizing_
     assert reward_http.settings_grid("default", [16], [2.0], cores=2) == [{}]  # the default sets nothing
     service = reward_http.settings_grid("service", [16], [2.0], cores=2)
     assert {s["spread"] for s in service} == {False, True}  # the default's way of cutting batches is swept too
+    assert {s["tokenize"] for s in service} == {"serving", "model"}  # like mosec's stage, its tokenizing's place
 
 
 def test_vllm_gets_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:

@@ -169,11 +169,11 @@ def test_model_info_and_probes(served: Served) -> None:
     info = httpx.get(f"{served.url}/v1/model", headers=auth()).json()
     assert info["model"] == "tiny" and info["version"] == served.service.core.rm.version
     assert info["parameters"] == served.service.core.rm.parameters and info["device"] == "cpu"
-    # The settings in effect: the wait as set, the batch chosen at start-up (the fixture leaves it unset), and so
-    # batches spread over the slots.
+    # The settings in effect: the wait as set (so no wait per spread batch), the batch chosen at start-up (the
+    # fixture leaves it unset), and so batches spread over the slots; tokenizing in the serving process.
     chosen = served.service.config.batching.max_batch_size
     assert info["serving"] == {"model_copies": 1, "max_batch_size": chosen, "max_wait_ms": 5.0, "max_inflight": 2,
-                               "spread": True}
+                               "spread": True, "spread_waits_ms": None, "tokenize_in_model": False}
     assert chosen in (1, 2, 4, 8, 16, 32, 64, 128, 256)
     assert httpx.get(f"{served.url}/readyz").json()["status"] == "ready"
     spec = httpx.get(f"{served.url}/openapi.json").json()

@@ -16,6 +16,7 @@ from cooper.config import BatchingConfig
 from cooper.runtime.durability import JOURNAL_DIR, UnjournaledUpdate
 from cooper.runtime.ledger import idempotency_key
 from cooper.services.reward.core import RewardCore
+from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.runner import CopiesRunner, ModelUnavailable, ProcessRunner
 from cooper.services.reward.service import RewardService
 
@@ -50,6 +51,35 @@ def test_process_scores_equal_the_in_process_core_and_order_holds(tmp_path: Path
     after = core.score_tokens(core.rm.encode(items))
     assert after.version == 2
     assert max(abs(x - y) for x, y in zip(after.logits, served_after_two_updates, strict=True)) <= 1e-5
+
+
+def test_tokenizing_in_the_model_processes_scores_as_the_serving_process_does(tmp_path: Path) -> None:
+    """reward.tokenize_in_model: the texts cross to the model copies, which tokenize each batch; the logits and
+    token counts are those of tokenizing in the serving process, a too-long item is cut the same way, and the
+    serving process never loads a tokenizer."""
+    long_item = ScoreItem("Q " * 10, "7", "step " * 400 + "so \\boxed{7}")  # over max_length: the long path
+    items = [*tiny_items(7), long_item]
+    core = RewardCore.load(make_config(tmp_path / "local", max_length=256))
+    token_lists = core.rm.encode(items)
+    assert len(token_lists[-1]) == 256
+    expected = core.score_tokens(token_lists).logits
+
+    async def main() -> None:
+        service = await RewardService.create(make_config(
+            tmp_path, model_process=True, model_copies=2, max_length=256, tokenize_in_model=True,
+            batching=BatchingConfig(max_wait_ms=2, max_batch_size=4)))
+        assert service.encoder is None
+        one_by_one = await asyncio.gather(*(service.score([item]) for item in items))
+        together = await service.score(items)
+        assert [r.tokens for r in one_by_one] == [len(t) for t in token_lists]
+        assert together.tokens == sum(len(t) for t in token_lists)
+        for logits in ([r.logits[0] for r in one_by_one], together.logits):
+            assert max(abs(x - y) for x, y in zip(logits, expected, strict=True)) <= 1e-5
+        update = await service.update(idempotency_key("run", 0), tiny_pairs(4))
+        assert (await service.score(items[:1])).version == update.version == 1
+        await service.stop()
+
+    asyncio.run(main())
 
 
 def test_an_error_in_the_child_reaches_its_caller_and_the_child_keeps_serving(tmp_path: Path) -> None:

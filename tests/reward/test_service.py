@@ -341,6 +341,33 @@ def test_spreading_cuts_batches_over_the_slots_instead_of_waiting_to_fill_one(sp
     asyncio.run(main())
 
 
+def test_a_spread_batch_waits_the_wait_of_the_size_it_is_cut_to() -> None:
+    """As above, 10 one-item requests spread over 4 slots, but with a wait per batch size (serving_defaults.
+    spread_waits): the one left over waits for company as long as a batch of 3 (the share it is cut to) may, 30 ms,
+    not the 200 ms of the largest batch."""
+    from cooper.services.reward.batcher import Batcher
+
+    async def main() -> None:
+        handed: list[tuple[list[int], float]] = []
+
+        async def run_batch(items: list[int]) -> tuple[list[float], int]:
+            handed.append((items, time.monotonic()))
+            await asyncio.sleep(0.3)
+            return [float(x) for x in items], 0
+
+        waits_ms = [0.0, 10.0, 20.0, 30.0] + [200.0] * 61
+        batcher = Batcher(run_batch, BatchingConfig(max_batch_size=64, max_wait_ms=200, max_inflight=2, spread=True),
+                          model_copies=2, waits_ms=waits_ms)
+        batcher.start()
+        start = time.monotonic()
+        await asyncio.gather(*(batcher.submit([n]) for n in range(10)))
+        assert [items for items, _ in handed] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+        assert 0.025 <= handed[3][1] - start < 0.15
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
 def test_a_request_whose_caller_went_away_part_way_stops_taking_the_model() -> None:
     """A caller cancelled after its first batch was handed to the model: the rest of its items are never batched,
     the request behind it is next, and the queue's count of waiting items is back to zero."""

@@ -17,6 +17,7 @@ from cooper.services.reward.serving_defaults import (
     choose_batch,
     choose_model_copies,
     choose_wait,
+    spread_waits,
     time_forward_passes,
     with_batching,
     with_model_copies,
@@ -56,20 +57,21 @@ def test_a_set_value_is_kept_and_an_unset_one_chosen(monkeypatch: pytest.MonkeyP
         raise AssertionError("nothing is timed when both are set")
 
     config = RewardConfig(batching=BatchingConfig(max_batch_size=16, max_wait_ms=3))
-    kept, reasons = with_batching(config, never)
-    assert reasons == [] and kept.batching == config.batching.model_copy(update={"spread": False})
+    kept, reasons, waits = with_batching(config, never)
+    assert reasons == [] and waits is None and kept.batching == config.batching.model_copy(update={"spread": False})
     # Spreading follows the choice of the batch where it is unset, and stays as set where it is set.
     assert with_batching(RewardConfig(batching=BatchingConfig(max_batch_size=16, max_wait_ms=3, spread=True)),
                          never)[0].batching.spread is True
-    chosen, reasons = with_batching(RewardConfig(batching=BatchingConfig(max_wait_ms=3)), lambda size: None)
-    assert chosen.batching.spread is True and reasons[0].startswith("spread=True")
+    chosen, reasons, waits = with_batching(RewardConfig(batching=BatchingConfig(max_wait_ms=3)), lambda size: None)
+    assert chosen.batching.spread is True and reasons[0].startswith("spread=True") and waits is None  # wait set
     assert with_batching(RewardConfig(batching=BatchingConfig(max_wait_ms=3, spread=False)),
                          lambda size: None)[0].batching.spread is False
     # The batch set, the wait unset: the wait comes from a pass of the set batch.
     sizes: list[int] = []
-    waited, reasons = with_batching(RewardConfig(batching=BatchingConfig(max_batch_size=16)), sizes.append)
+    waited, reasons, waits = with_batching(RewardConfig(batching=BatchingConfig(max_batch_size=16)), sizes.append)
     assert set(sizes) == {16} and waited.batching.max_batch_size == 16 and waited.batching.max_wait_ms is not None
     assert len(reasons) == 1 and reasons[0].startswith("max_wait_ms=") and waited.batching.spread is False
+    assert waits is None  # not spread: every batch waits max_wait_ms
 
 
 def test_calibration_stops_past_the_peak() -> None:
@@ -84,14 +86,24 @@ def test_calibration_stops_past_the_peak() -> None:
 def test_the_choice_is_what_the_timings_imply(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass of n items takes 0.1 ms plus 0.4 ms an item up to 8 and 0.8 ms beyond: items/s 2000, 2222, 2353, 2424,
     then 1240 and 1245 (two below 0.9 of the best: the calibration stops at 32). The smallest batch within 0.9 of
-    2424 (2182) is 2, and the wait a quarter of its pass (0.9 ms): 0.2 ms."""
+    2424 (2182) is 2, and the wait a quarter of its pass (0.9 ms): 0.2 ms; a spread batch of one waits a quarter of
+    its own pass (0.5 ms): 0.12 ms."""
     def pass_seconds(forward: object, size: int) -> float:
         return 0.0001 + 0.0004 * size * (1 if size <= 8 else 2)
 
     monkeypatch.setattr(serving_defaults, "time_pass", pass_seconds)
-    chosen, reasons = with_batching(RewardConfig(batching=BatchingConfig()), lambda size: None)
+    chosen, reasons, waits = with_batching(RewardConfig(batching=BatchingConfig()), lambda size: None)
     assert (chosen.batching.max_batch_size, chosen.batching.max_wait_ms) == (2, 0.2)
     assert "32: 1245" in reasons[1] and reasons[2].startswith("max_wait_ms=0.2")
+    assert waits == pytest.approx([0.0, 0.125, 0.225], abs=0.006) and "ms for one item" in reasons[3]
+
+
+def test_a_spread_batch_waits_a_share_of_its_own_pass_interpolated_between_the_sizes_timed() -> None:
+    # Passes of 1 ms at 1, 2 ms at 4, 10 ms at 16 (as a calibration times 1, 2, 4, ...; 2 and 8 left out here).
+    waits = spread_waits({1: 0.001, 4: 0.002, 16: 0.010}, 16)
+    assert len(waits) == 17 and waits[1] == 0.25 and waits[4] == 0.5 and waits[16] == 2.5
+    assert waits[2] == round(0.25 * (1 + 1 / 3), 2) and waits[10] == round(0.25 * 6, 2)  # on the line between
+    assert waits == sorted(waits) and spread_waits({1: 1e-6}, 1)[1] == 0.1  # never under 0.1 ms
 
 
 def test_a_service_left_unset_calibrates_and_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -113,6 +125,8 @@ def test_a_service_left_unset_calibrates_and_says_why(tmp_path: Path, caplog: py
             [seconds] = timed
             assert batching.max_batch_size == choose_batch(seconds).value
             assert batching.max_wait_ms == choose_wait(seconds[batching.max_batch_size]).value
+            # spread (chosen too), each batch waits a share of its own size's pass, from the same calibration
+            assert service.spread_waits_ms == spread_waits(seconds, batching.max_batch_size)
             assert service.batcher.config == batching and service.core.config.batching == batching
             items = tiny_items(3 * batching.max_batch_size)
             scored = await service.score(items)  # more items than one pass: cut by the chosen size

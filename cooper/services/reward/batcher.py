@@ -1,6 +1,6 @@
 """Dynamic batching of scoring requests in front of the model runner (runner.py).
 
-Requests from gRPC and HTTP queue here (as token ids: the service tokenizes each request on arrival); one asyncio
+Requests from gRPC and HTTP queue here (as token ids, or as texts where the model's process tokenizes); one asyncio
 task cuts FIFO batches by count and by wait time and submits each to the runner, which cuts it further into
 forward passes by a token budget (RewardCore.score_tokens). Updates and saves enter the same queue as exclusive
 jobs. The runner runs what it is given one job at a time in submission order, so a score never sees half-updated
@@ -74,18 +74,19 @@ class RequestTooLarge(Exception):
 
 
 # run_batch(items) submits a batch to the model *before it returns* (so that submission order is model order) and
-# gives an awaitable of (one logit per item, in order; the model version that produced them).
-RunBatch = Callable[[list[Any]], Awaitable[tuple[list[float], int]]]
+# gives an awaitable of (one result per item, in order: its logit, or its logit and token count; the model version
+# that produced them).
+RunBatch = Callable[[list[Any]], Awaitable[tuple[list[Any], int]]]
 
 
 @dataclass(eq=False)
 class _Request:
     items: Sequence[Any]
-    future: asyncio.Future[tuple[list[float], int]]
+    future: asyncio.Future[tuple[list[Any], int]]
     enqueued: float
     next_item: int = 0  # items before this one are in a batch already
     done_items: int = 0
-    logits: list[float] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
     version: int | None = None
 
 
@@ -98,10 +99,14 @@ class _Exclusive:
 class Batcher:
     """Start with `start()` inside the event loop; `submit` scores, `run_exclusive` runs a model job alone."""
 
-    def __init__(self, run_batch: RunBatch, config: BatchingConfig, model_copies: int = 1):
-        """`model_copies`: the model processes run_batch spreads batches over; each gets max_inflight of them."""
+    def __init__(self, run_batch: RunBatch, config: BatchingConfig, model_copies: int = 1,
+                 waits_ms: list[float] | None = None):
+        """`model_copies`: the model processes run_batch spreads batches over; each gets max_inflight of them.
+        `waits_ms`: with spreading, how long the head request may wait for a batch cut to each size (index: items)
+        instead of max_wait_ms for all (serving_defaults.spread_waits: a share of that batch's own pass)."""
         self.run_batch = run_batch
         self.config = config
+        self._waits_ms = waits_ms if config.spread and waits_ms else None
         # Jobs submitted to the model and not yet answered. Per copy: with one slot per copy (2 copies, 2 slots) each
         # copy idled through every round trip to this loop, a third of its time at 1,300 items/s on 2 cores.
         self._slot_count = config.max_inflight * model_copies
@@ -153,7 +158,7 @@ class Batcher:
                 job.future.set_exception(QueueTimeout(why))
         self._queued_items = 0
 
-    async def submit(self, items: Sequence[Any]) -> tuple[list[float], int]:
+    async def submit(self, items: Sequence[Any]) -> tuple[list[Any], int]:
         """Results of `items` in order, and the one model version that produced all of them."""
         if not self.running:
             raise QueueTimeout("the scoring loop is not running (the service is starting or stopping)")
@@ -167,8 +172,8 @@ class Batcher:
             retry_after_s = self._retry_after()
             raise QueueFull(f"scoring queue full ({self._queued_items} items waiting, max {self.config.max_queue}); "
                             f"retry after {retry_after_s} s", retry_after_s)
-        future: asyncio.Future[tuple[list[float], int]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(items, future, time.monotonic(), logits=[0.0] * len(items)))
+        future: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(items, future, time.monotonic(), results=[None] * len(items)))
         self._queued_items += len(items)
         QUEUED_ITEMS.set(self._queued_items)
         self._arrived.set()
@@ -253,10 +258,11 @@ class Batcher:
         return max(1, min(self.config.max_batch_size, math.ceil(self._queued_items / self._slot_count)))
 
     async def _wait_for_batch(self, head: _Request) -> None:
-        """Wait until a full batch waits or the head request has waited max_wait_ms."""
-        deadline = head.enqueued + self.config.max_wait_ms / 1000
-        while self._pending_items_before_exclusive() < self._batch_target():
-            remaining = deadline - time.monotonic()
+        """Wait until a full batch waits or the head request has waited max_wait_ms (with waits_ms: the wait of
+        the batch size spreading targets now, which grows as requests arrive)."""
+        while self._pending_items_before_exclusive() < (target := self._batch_target()):
+            wait_ms = self.config.max_wait_ms if self._waits_ms is None else self._waits_ms[target]
+            remaining = head.enqueued + wait_ms / 1000 - time.monotonic()
             if remaining <= 0:
                 return
             self._arrived.clear()
@@ -313,9 +319,9 @@ class Batcher:
         return True
 
     async def _run_scoring(self, batch: list[tuple[_Request, int]], start: float,
-                           pending: Awaitable[tuple[list[float], int]]) -> None:
+                           pending: Awaitable[tuple[list[Any], int]]) -> None:
         try:
-            logits, version = await pending
+            results, version = await pending
         except Exception as err:
             self._finish(batch, error=err)
             return
@@ -328,8 +334,8 @@ class Batcher:
         if mixed:  # FIFO makes this impossible; fail loudly rather than answer with two versions
             self._finish(batch, error=RuntimeError("a request's items came from two model versions"))
             return
-        for (request, index), logit in zip(batch, logits, strict=True):
-            request.logits[index] = logit
+        for (request, index), result in zip(batch, results, strict=True):
+            request.results[index] = result
             request.version = version
         self._finish(batch)
 
@@ -343,5 +349,5 @@ class Batcher:
                 request.future.set_exception(error)
             elif request.done_items == len(request.items):
                 assert request.version is not None
-                request.future.set_result((request.logits, request.version))
+                request.future.set_result((request.results, request.version))
         QUEUED_ITEMS.set(self._queued_items)

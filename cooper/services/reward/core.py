@@ -30,7 +30,7 @@ from cooper.runtime.durability import Durability
 from cooper.runtime.durable_trainer import DurableTrainer
 from cooper.runtime.ledger import SavedCheckpoint
 from cooper.runtime.models import resolve_model
-from cooper.services.reward.items import ModelInfo, PreferencePair, UpdateResult
+from cooper.services.reward.items import ModelInfo, PreferencePair, ScoreItem, UpdateResult
 from cooper.services.reward.serving_defaults import CALIBRATION_TOKENS, with_batching
 from cooper.services.reward.verify_rm import VerifyRM
 
@@ -40,11 +40,13 @@ RECORDED_RESULTS = 64  # Update results kept for replay; the orchestrator only e
 
 @dataclass(frozen=True)
 class BatchScores:
-    """Logits of one scoring batch, in item order, all from model `version`, and the time of each forward pass."""
+    """Logits of one scoring batch, in item order, all from model `version`, and the time of each forward pass;
+    `tokens`, each item's input tokens, where the core tokenized the batch itself (score_texts)."""
 
     logits: list[float]
     version: int
     forward_s: list[float] = field(default_factory=list)
+    tokens: list[int] | None = None
 
 
 class RewardCore:
@@ -55,6 +57,7 @@ class RewardCore:
         self.rm = rm
         self.config = config
         self.batching_reasons: list[str] = []
+        self.spread_waits_ms: list[float] | None = None  # per batch size, where the wait is chosen (with_batching)
         """Why load chose the batching settings the config left unset (empty when it set them all)."""
         self.durable: DurableTrainer[UpdateResult] = DurableTrainer(
             durable, RECORDED_RESULTS, asdict, lambda saved: UpdateResult(**saved))
@@ -88,7 +91,7 @@ class RewardCore:
             torch.set_num_threads(config.torch_threads)
         core = cls._load_replica(config) if config.role == "replica" else cls._load_trainer(config, writes)
         if writes:  # the other model copies take this one's choice (RewardService.create: use_batching)
-            core.config, core.batching_reasons = with_batching(config, core._calibration_pass)
+            core.config, core.batching_reasons, core.spread_waits_ms = with_batching(config, core._calibration_pass)
         return core
 
     @classmethod
@@ -159,9 +162,10 @@ class RewardCore:
         """One forward pass of `size` CALIBRATION_TOKENS-token inputs (serving_defaults.with_batching)."""
         self.rm.logits([[self.rm.pad_id] * min(CALIBRATION_TOKENS, self.config.max_length)] * size, size)
 
-    def batching(self) -> tuple[BatchingConfig, list[str]]:
-        """The batching in use (the config's, with what it left unset chosen at load) and why those were chosen."""
-        return self.config.batching, self.batching_reasons
+    def batching(self) -> tuple[BatchingConfig, list[str], list[float] | None]:
+        """The batching in use (the config's, with what it left unset chosen at load), why those were chosen, and
+        the wait of a spread batch per size where the wait was chosen (None: max_wait_ms for every batch)."""
+        return self.config.batching, self.batching_reasons, self.spread_waits_ms
 
     def use_batching(self, batching: BatchingConfig) -> None:
         """Batch as `batching` from now on: model copies take the first copy's choice, so all cut passes alike."""
@@ -177,6 +181,12 @@ class RewardCore:
             raise RuntimeError("the reward core scores before its batch size was chosen")
         logits = self.rm.logits(token_lists, batching.max_batch_size, batching.max_tokens, forward_s.append)
         return BatchScores(logits, self.rm.version, forward_s)
+
+    def score_texts(self, texts: Sequence[tuple[str, str, str]]) -> BatchScores:
+        """Tokenize and score one batch of (question, reference, completion) items (reward.tokenize_in_model): one
+        batched tokenizer call for the whole batch, in the model's process rather than the serving one's."""
+        token_lists = self.rm.encoder.encode([ScoreItem(*text) for text in texts])
+        return replace(self.score_tokens(token_lists), tokens=[len(tokens) for tokens in token_lists])
 
     def apply_update(self, key: str, pairs: Sequence[PreferencePair], optimizer_steps: int = 0) -> UpdateResult:
         """One Bradley-Terry update (`optimizer_steps` optimizer steps over the pairs and the replay; 0:

@@ -76,6 +76,9 @@ class Runner:
     def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
         return self.call(RewardCore.score_tokens, token_lists)
 
+    def score_texts(self, texts: list[tuple[str, str, str]]) -> asyncio.Future[BatchScores]:
+        return self.call(RewardCore.score_texts, texts)
+
     def apply_update(self, key: str, pairs: list[PreferencePair],
                      optimizer_steps: int = 0) -> asyncio.Future[UpdateResult]:
         return self.call(RewardCore.apply_update, key, pairs, optimizer_steps)
@@ -353,9 +356,16 @@ class CopiesRunner(Runner):
         return results[0]
 
     def score_tokens(self, token_lists: list[list[int]]) -> asyncio.Future[BatchScores]:
+        return self._on_least_busy(lambda copy: copy.score_tokens(token_lists))
+
+    def score_texts(self, texts: list[tuple[str, str, str]]) -> asyncio.Future[BatchScores]:
+        return self._on_least_busy(lambda copy: copy.score_texts(texts))
+
+    def _on_least_busy(self, score: Callable[[ProcessRunner], asyncio.Future[BatchScores]]) -> asyncio.Future[BatchScores]:
+        """A scoring batch on the copy with the fewest batches in flight (one copy suffices: they are one model)."""
         index = min(range(len(self.copies)), key=self._scoring.__getitem__)
         self._scoring[index] += 1
-        future = self.copies[index].score_tokens(token_lists)
+        future = score(self.copies[index])
         future.add_done_callback(lambda _: self._scoring.__setitem__(index, self._scoring[index] - 1))
         return future
 

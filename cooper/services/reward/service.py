@@ -3,8 +3,8 @@
 No transport code here: `server.py` (gRPC) and `serving/handler.py` (HTTP) translate their messages into these calls
 and these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in
 a child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so that
-the model's process only runs forward passes), queues and batches token ids, records metrics and remembers the latest
-ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower (replica.py) that
+the model's process only runs forward passes), or with reward.tokenize_in_model leaves that to the model's process,
+a batch at a time; it queues and batches, records metrics and remembers the latest ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower (replica.py) that
 swaps in the trainer's newer checkpoints.
 """
 
@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from typing import Any
 
 import prometheus_client
 
@@ -63,12 +64,15 @@ def _import_tokenizer() -> None:
 class RewardService:
     """Build with `await RewardService.create(config)` (inside the event loop that will serve it)."""
 
-    def __init__(self, runner: Runner, config: RewardConfig, info: ModelInfo, encoder: Encoder):
+    def __init__(self, runner: Runner, config: RewardConfig, info: ModelInfo, encoder: Encoder | None,
+                 spread_waits_ms: list[float] | None = None):
         self.runner = runner
         self.config = config
         self.encoder = encoder
         self._info = info
-        self.batcher = Batcher(self._submit_batch, config.batching, model_copies=config.model_copies)
+        self.spread_waits_ms = spread_waits_ms
+        self.batcher = Batcher(self._submit_batch, config.batching, model_copies=config.model_copies,
+                               waits_ms=spread_waits_ms)
         self.stopping = False
         MODEL_VERSION.set(info.version)
         self.follower: ReplicaFollower | None = None
@@ -82,20 +86,22 @@ class RewardService:
     async def create(cls, config: RewardConfig) -> RewardService:
         """Load the latest checkpoint under config.checkpoint_dir, else config.model; start the batcher."""
         # The tokenizer's import (transformers: 1-2 s of CPU on 2 cores) runs while the model process loads.
-        importing = asyncio.ensure_future(asyncio.to_thread(_import_tokenizer)) if config.model_process else None
+        importing = (asyncio.ensure_future(asyncio.to_thread(_import_tokenizer))
+                     if config.model_process and not config.tokenize_in_model else None)
         config, copies = with_model_copies(config)
         runner = await start_runner(config)
         try:
             if importing is not None:
                 await importing
             info: ModelInfo = await runner.info()
-            batching, reasons = await runner.call(RewardCore.batching)
+            batching, reasons, spread_waits_ms = await runner.call(RewardCore.batching)
             if isinstance(runner, CopiesRunner):  # the first copy chose (RewardCore.load); all batch alike
                 await runner.call(RewardCore.use_batching, batching)
             config = config.model_copy(update={"batching": batching})
+            encoder: Encoder | None = None  # reward.tokenize_in_model: the model's process tokenizes
             if isinstance(runner, ThreadRunner):
                 encoder = runner.core.rm.encoder
-            else:
+            elif not config.tokenize_in_model:
                 encoder = await asyncio.to_thread(Encoder.load, info.tokenizer_source, config.max_length)
         except BaseException:
             await runner.close()
@@ -104,7 +110,7 @@ class RewardService:
         if chosen:
             log.info("reward serving settings chosen at start-up (set them in reward.* to override): %s",
                      "; ".join(chosen))
-        service = cls(runner, config, info, encoder)
+        service = cls(runner, config, info, encoder, spread_waits_ms)
         if config.learn_online.enabled:
             # its verifier workers start (and import math-verify) off the event loop
             service.learner = await asyncio.to_thread(OnlineLearner, config.learn_online, service.update,
@@ -163,26 +169,38 @@ class RewardService:
 
     # ----- scoring -----
 
-    def _submit_batch(self, token_lists: list[list[int]]) -> Awaitable[tuple[list[float], int]]:
-        """Submit now (the batcher's order is the model's order); the batch's timings are recorded when it is back."""
-        return self._scored(self.runner.score_tokens(token_lists))
+    def _submit_batch(self, batch: list[Any]) -> Awaitable[tuple[list[Any], int]]:
+        """Submit now (the batcher's order is the model's order); the batch's timings are recorded when it is back.
+        A batch of token ids gives a logit per item; of texts (reward.tokenize_in_model), a (logit, tokens) pair."""
+        if self.config.tokenize_in_model:
+            return self._scored(self.runner.score_texts(batch))
+        return self._scored(self.runner.score_tokens(batch))
 
     @staticmethod
-    async def _scored(pending: Awaitable[BatchScores]) -> tuple[list[float], int]:
+    async def _scored(pending: Awaitable[BatchScores]) -> tuple[list[Any], int]:
         scores = await pending
         for seconds in scores.forward_s:
             MODEL_SECONDS.observe(seconds)
+        if scores.tokens is not None:
+            return list(zip(scores.logits, scores.tokens, strict=True)), scores.version
         return scores.logits, scores.version
 
     async def score(self, items: Sequence[ScoreItem]) -> ScoreResult:
         """Rewards (sigmoid(logit), or 1[> 0.5] when reward.discrete) and logits, with the model version."""
         if not items:
             return ScoreResult([], [], self.version)
-        tokens = await self._encode(items)
-        logits, version = await self.batcher.submit(tokens)
-        return ScoreResult([logit_to_reward(x, self.config.discrete) for x in logits], logits, version, sum(len(t) for t in tokens))
+        if self.config.tokenize_in_model:
+            scored, version = await self.batcher.submit([(i.question, i.reference, i.completion) for i in items])
+            logits = [logit for logit, _ in scored]
+            tokens = sum(count for _, count in scored)
+        else:
+            token_lists = await self._encode(items)
+            logits, version = await self.batcher.submit(token_lists)
+            tokens = sum(len(t) for t in token_lists)
+        return ScoreResult([logit_to_reward(x, self.config.discrete) for x in logits], logits, version, tokens)
 
     async def _encode(self, items: Sequence[ScoreItem]) -> list[list[int]]:
+        assert self.encoder is not None  # loaded unless reward.tokenize_in_model
         start = time.perf_counter()
         if sum(len(i.question) + len(i.reference) + len(i.completion) for i in items) <= INLINE_TOKENIZE_CHARS:
             tokens = self.encoder.encode(items)

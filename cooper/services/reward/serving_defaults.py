@@ -10,6 +10,8 @@ wait for others (reward.batching.max_wait_ms). Each choice comes with the reason
   batch that reaches 0.9 of the best items/s measured (a larger one adds latency and, on a CPU, often lowers the
   rate as its activations leave the cache), and a wait of a quarter of that batch's forward pass (a request waits
   at most a quarter of the time it will then spend in the model, long enough for concurrent requests to join it).
+  With spreading (below) most batches are smaller than that batch: each waits a quarter of the pass of the batch
+  it is cut to (`spread_waits`, from the same calibration), not of the largest one's.
 - **Spreading** (reward.batching.spread) on where the batch is chosen here: the calibration measures the model, not
   the traffic, so the batcher caps each batch at the items outstanding over its slots (batcher.py): a batch chosen
   larger than the clients can fill no longer leaves a model process idle while it waits to fill.
@@ -99,6 +101,20 @@ def choose_wait(pass_seconds: float) -> Chosen:
                   f"{WAIT_SHARE_OF_PASS} of one forward pass of the batch ({pass_ms:.1f} ms)")
 
 
+def spread_waits(seconds_per_pass: dict[int, float], max_batch: int) -> list[float]:
+    """The wait in ms of a batch cut to 1, 2, ..., max_batch items: WAIT_SHARE_OF_PASS of its forward pass, read
+    from the calibration's passes (interpolated between the sizes timed); index 0 is unused."""
+    sizes = sorted(seconds_per_pass)
+    waits = [0.0]
+    for size in range(1, max_batch + 1):
+        above = next((s for s in sizes if s >= size), sizes[-1])
+        below = max((s for s in sizes if s <= size), default=above)
+        share = 0.0 if above == below else (size - below) / (above - below)
+        pass_s = seconds_per_pass[below] + share * (seconds_per_pass[above] - seconds_per_pass[below])
+        waits.append(round(max(0.1, WAIT_SHARE_OF_PASS * pass_s * 1000), 2))
+    return waits
+
+
 def time_pass(forward: Callable[[int], object], size: int, repeats: int = 3) -> float:
     """The fastest of `repeats` timings of forward(size), after one untimed pass."""
     forward(size)
@@ -134,10 +150,12 @@ def with_model_copies(config: RewardConfig) -> tuple[RewardConfig, Chosen | None
     return config.model_copy(update={"model_copies": int(chosen.value)}), chosen
 
 
-def with_batching(config: RewardConfig, forward: Callable[[int], object]) -> tuple[RewardConfig, list[str]]:
+def with_batching(config: RewardConfig,
+                  forward: Callable[[int], object]) -> tuple[RewardConfig, list[str], list[float] | None]:
     """The config with the batch and wait chosen where they are unset, by timing `forward(batch_size)` (a forward
-    pass of that many CALIBRATION_TOKENS-token inputs), and the reasons ([] when both were set: nothing is timed).
-    reward.batching.spread, where unset, follows whether the batch is chosen here."""
+    pass of that many CALIBRATION_TOKENS-token inputs), the reasons ([] when both were set: nothing is timed), and,
+    where both were chosen and batches are spread, the wait per batch size (spread_waits; else None: every batch
+    waits max_wait_ms). reward.batching.spread, where unset, follows whether the batch is chosen here."""
     batching = config.batching
     reasons = []
     if batching.spread is None:
@@ -148,7 +166,7 @@ def with_batching(config: RewardConfig, forward: Callable[[int], object]) -> tup
             reasons.append("spread=True: with the batch chosen, each batch is cut no larger than the items waiting "
                            "and in flight over the batch slots, so every model copy has work")
     if batching.max_batch_size is not None and batching.max_wait_ms is not None:
-        return config, reasons
+        return config, reasons, None
     if batching.max_batch_size is None:
         seconds = time_forward_passes(forward)
         batch = choose_batch(seconds)
@@ -158,8 +176,13 @@ def with_batching(config: RewardConfig, forward: Callable[[int], object]) -> tup
         size = batching.max_batch_size
         seconds = {size: time_pass(forward, size)}
     update: dict[str, float] = {"max_batch_size": size}
+    waits = None
     if batching.max_wait_ms is None:
         wait = choose_wait(seconds[size])
         update["max_wait_ms"] = wait.value
         reasons.append(f"max_wait_ms={wait.value}: {wait.why}")
-    return config.model_copy(update={"batching": batching.model_copy(update=update)}), reasons
+        if batching.spread and batching.max_batch_size is None:
+            waits = spread_waits(seconds, size)
+            reasons.append(f"spread batches wait {WAIT_SHARE_OF_PASS} of their own pass: {waits[1]} ms for one "
+                           f"item, {waits[size]} ms for {size}")
+    return config.model_copy(update={"batching": batching.model_copy(update=update)}), reasons, waits

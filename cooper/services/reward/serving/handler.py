@@ -197,7 +197,9 @@ class RewardHttpHandler:
                                         max_batch_size=config.batching.max_batch_size,
                                         max_wait_ms=config.batching.max_wait_ms,
                                         max_inflight=config.batching.max_inflight,
-                                        spread=config.batching.spread)
+                                        spread=config.batching.spread,
+                                        spread_waits_ms=self.service.spread_waits_ms,
+                                        tokenize_in_model=config.tokenize_in_model)
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""

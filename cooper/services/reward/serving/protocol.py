@@ -62,6 +62,11 @@ class ServingSettings(BaseModel):
     max_inflight: int = Field(description="batches handed to each model process and not yet answered")
     spread: bool = Field(description="batches cut no larger than the items outstanding over the batch slots "
                                      "(reward.batching.spread)")
+    spread_waits_ms: list[float] | None = Field(
+        default=None, description="with spreading and the wait chosen at start-up: how long a batch cut to 1, 2, ... "
+                                  "items may wait (a quarter of its own forward pass; index 0 unused)")
+    tokenize_in_model: bool = Field(default=False, description="the model processes tokenize, a batch at a time, "
+                                                               "not the serving process (reward.tokenize_in_model)")
 
 
 class ModelResponse(BaseModel):
