@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -183,16 +184,19 @@ def main() -> int:
                                      for r in rows))
 
     verify_rm = work / "verify-rm"
+    # Pretraining and evaluating VerifyRM run alone, so on every core: the presets give the reward model one thread,
+    # leaving the other to the policy beside it in a run (one thread took a single core for 40 minutes here).
+    alone = f"reward.torch_threads={os.cpu_count() or 1}"
     if "pretrain" in stages and not (verify_rm / "config.json").exists():
         result, seconds = run_cli(["pretrain-rm", str(labelled["train"]), "-o", str(verify_rm), "--config",
-                                   "smol-cooper", f"reward.model={MODEL}"], work / "pretrain-rm.log")
+                                   "smol-cooper", f"reward.model={MODEL}", alone], work / "pretrain-rm.log")
         report["pretrain"] = {**result, "seconds": round(seconds, 1)}
 
     if "eval" in stages:
         report["eval"] = {}
         for label, model in (("untrained_head", MODEL), ("pretrained", str(verify_rm))):
-            result, seconds = run_cli(["eval-rm", str(benchmark), "--config", "smol-cooper", f"reward.model={model}"],
-                                      work / f"eval-rm-{label}.log")
+            result, seconds = run_cli(["eval-rm", str(benchmark), "--config", "smol-cooper", f"reward.model={model}",
+                                       alone], work / f"eval-rm-{label}.log")
             report["eval"][label] = {**result, "seconds": round(seconds, 1)}
 
     if "train" in stages:

@@ -423,9 +423,9 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
     them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
     workers; and each server's own knobs: the service's batches in flight, spreading (on and off) and where it
     tokenizes (`service_tokenize`: "serving", its serving process as each request arrives, or "model", each model
-    process a batch at a time: reward.tokenize_in_model), mosec's
-    tokenizing stage (processes, batched or not), LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs
-    whatever has arrived at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
+    process a batch at a time: reward.tokenize_in_model), mosec's tokenizing stage (processes, batched or not),
+    LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs whatever has arrived
+    at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
     processes = [n for n in service_copies if n == 1 or n <= cores]
     batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
     if name == "service":

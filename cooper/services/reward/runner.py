@@ -361,7 +361,8 @@ class CopiesRunner(Runner):
     def score_texts(self, texts: list[tuple[str, str, str]]) -> asyncio.Future[BatchScores]:
         return self._on_least_busy(lambda copy: copy.score_texts(texts))
 
-    def _on_least_busy(self, score: Callable[[ProcessRunner], asyncio.Future[BatchScores]]) -> asyncio.Future[BatchScores]:
+    def _on_least_busy(self,
+                       score: Callable[[ProcessRunner], asyncio.Future[BatchScores]]) -> asyncio.Future[BatchScores]:
         """A scoring batch on the copy with the fewest batches in flight (one copy suffices: they are one model)."""
         index = min(range(len(self.copies)), key=self._scoring.__getitem__)
         self._scoring[index] += 1

@@ -4,8 +4,9 @@ No transport code here: `server.py` (gRPC) and `serving/handler.py` (HTTP) trans
 and these exceptions into status codes. The model's state lives in RewardCore (core.py), which runs on a thread or in
 a child process (runner.py); this object tokenizes each request as it arrives (with the model's own tokenizer, so that
 the model's process only runs forward passes), or with reward.tokenize_in_model leaves that to the model's process,
-a batch at a time; it queues and batches, records metrics and remembers the latest ModelInfo. A read replica (reward.role=replica) refuses updates and saves and runs a ReplicaFollower (replica.py) that
-swaps in the trainer's newer checkpoints.
+a batch at a time; it queues and batches, records metrics and remembers the latest ModelInfo. A read replica
+(reward.role=replica) refuses updates and saves and runs a ReplicaFollower (replica.py) that swaps in the trainer's
+newer checkpoints.
 """
 
 from __future__ import annotations
