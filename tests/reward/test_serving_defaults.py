@@ -126,7 +126,7 @@ def test_a_service_left_unset_calibrates_and_says_why(tmp_path: Path, caplog: py
             assert batching.max_batch_size == choose_batch(seconds).value
             assert batching.max_wait_ms == choose_wait(seconds[batching.max_batch_size]).value
             # spread (chosen too), each batch waits a share of its own size's pass, from the same calibration
-            assert service.spread_waits_ms == spread_waits(seconds, batching.max_batch_size)
+            assert service.batcher.waits_ms == spread_waits(seconds, batching.max_batch_size)
             assert service.batcher.config == batching and service.core.config.batching == batching
             items = tiny_items(3 * batching.max_batch_size)
             scored = await service.score(items)  # more items than one pass: cut by the chosen size

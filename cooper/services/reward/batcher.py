@@ -106,7 +106,7 @@ class Batcher:
         instead of max_wait_ms for all (serving_defaults.spread_waits: a share of that batch's own pass)."""
         self.run_batch = run_batch
         self.config = config
-        self._waits_ms = waits_ms if config.spread and waits_ms else None
+        self.waits_ms = waits_ms if config.spread and waits_ms else None  # GET /v1/model shows it
         # Jobs submitted to the model and not yet answered. Per copy: with one slot per copy (2 copies, 2 slots) each
         # copy idled through every round trip to this loop, a third of its time at 1,300 items/s on 2 cores.
         self._slot_count = config.max_inflight * model_copies
@@ -261,7 +261,7 @@ class Batcher:
         """Wait until a full batch waits or the head request has waited max_wait_ms (with waits_ms: the wait of
         the batch size spreading targets now, which grows as requests arrive)."""
         while self._pending_items_before_exclusive() < (target := self._batch_target()):
-            wait_ms = self.config.max_wait_ms if self._waits_ms is None else self._waits_ms[target]
+            wait_ms = self.config.max_wait_ms if self.waits_ms is None else self.waits_ms[target]
             remaining = head.enqueued + wait_ms / 1000 - time.monotonic()
             if remaining <= 0:
                 return

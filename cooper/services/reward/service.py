@@ -71,7 +71,6 @@ class RewardService:
         self.config = config
         self.encoder = encoder
         self._info = info
-        self.spread_waits_ms = spread_waits_ms
         self.batcher = Batcher(self._submit_batch, config.batching, model_copies=config.model_copies,
                                waits_ms=spread_waits_ms)
         self.stopping = False

@@ -198,7 +198,7 @@ class RewardHttpHandler:
                                         max_wait_ms=config.batching.max_wait_ms,
                                         max_inflight=config.batching.max_inflight,
                                         spread=config.batching.spread,
-                                        spread_waits_ms=self.service.spread_waits_ms,
+                                        spread_waits_ms=self.service.batcher.waits_ms,
                                         tokenize_in_model=config.tokenize_in_model)
 
     def health(self) -> protocol.StatusResponse:
