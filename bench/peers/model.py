@@ -4,7 +4,8 @@ by float rounding, and its speed only by how it serves.
 
 Runs inside a peer's own environment (bench/peers/setup.sh), imported with the repository on PYTHONPATH. The model
 directory, the torch thread count and the device come from the environment the bench sets:
-COOPER_BENCH_MODEL_DIR, COOPER_BENCH_THREADS, COOPER_BENCH_DEVICE.
+COOPER_BENCH_MODEL_DIR, COOPER_BENCH_THREADS, COOPER_BENCH_DEVICE. Any VerifyRM directory: the tokenizer is the
+model's own (the tiny models' or a real one's, such as SmolLM2's), read by AutoTokenizer as the service reads it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 import torch
 
-from cooper.config import OptimConfig
+from cooper.config import OptimConfig, RewardConfig
 from cooper.reward_rule import logit_to_reward
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.verify_rm import VerifyRM
 
-MAX_LENGTH = 2048  # reward.max_length's default, as the service runs it
+MAX_LENGTH = RewardConfig.model_fields["max_length"].default  # as the service runs it
 
 
 class BenchModel:

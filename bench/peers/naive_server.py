@@ -26,7 +26,8 @@ def create_app() -> FastAPI:
     torch.set_num_threads(int(os.environ.get("COOPER_BENCH_THREADS", "1")))
     tokenizer = AutoTokenizer.from_pretrained(path).backend_tokenizer
     tokenizer.encode_special_tokens = True  # the text is data: no special tokens read out of it
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
+    # float32 as every server here: left to transformers, a model saved in bfloat16 would load as such.
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval().to(device)
     app = FastAPI()
 
     # (FastAPI reads the annotation `Request` below, so this module must not use postponed annotations.)

@@ -1,8 +1,14 @@
 """bench/reward_http.py's ratios between the service and another server: per round (the rounds pair the servers),
-reported as their median with the per-round values and their range; and the sweep's settings of the peers."""
+reported as their median with the per-round values and their range; the sweep's settings of the peers; and --model:
+the names and directories it takes, what vLLM is told or refused for a model, and a bad one refused before anything
+starts."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,10 +68,90 @@ def test_litserve_gets_one_front_or_one_per_worker_and_mosec_a_swept_tokenizing_
 def test_vllm_gets_its_cpu_settings_where_there_are_two_cores(reward_http) -> None:
     vllm = reward_http.settings_grid("vllm", [8, 32], [2.0], cores=2, threads=1)
     assert {s["omp_threads_bind"] for s in vllm} == {"auto", "0", "0-1"}
+    assert {s["api_server_count"] for s in vllm} == {1, 2}
     assert {(s["max_num_seqs"], s["max_num_batched_tokens"]) for s in vllm} == {(8, 2048), (8, 8192), (32, 2048),
                                                                                 (32, 8192)}
+    assert len(vllm) == 3 * 2 * 2 * 2  # every binding x API servers x max-num-seqs x batched tokens
     setting = vllm[-1]
+    # The thread binding is vLLM's environment; its API servers and step limits are flags (server_command).
     assert reward_http.setting_env(setting) == {"VLLM_CPU_OMP_THREADS_BIND": setting["omp_threads_bind"]}
+
+
+@pytest.mark.parametrize(("cores", "copies", "expected"), [(1, (1, 2), {1}), (2, (1,), {1}), (4, (1, 2), {1, 2})])
+def test_vllm_gets_a_second_api_server_only_where_the_others_get_a_second_process(
+        reward_http, cores: int, copies: tuple[int, ...], expected: set[int]) -> None:
+    vllm = reward_http.settings_grid("vllm", [16], [2.0], cores=cores, service_copies=copies)
+    service = reward_http.settings_grid("service", [16], [2.0], cores=cores, service_copies=copies)
+    assert {s["api_server_count"] for s in vllm} == expected == {s["copies"] for s in service}
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A directory with a config.json of SmolLM2-135M's shape (what vLLM reads of it here)."""
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    return tmp_path
+
+
+SMOLLM2 = {"architectures": ["LlamaForSequenceClassification"], "hidden_size": 576, "num_attention_heads": 9,
+           "head_dim": 64, "max_position_embeddings": 8192}
+TINY = {"architectures": ["Qwen2ForSequenceClassification"], "hidden_size": 64, "num_attention_heads": 4,
+        "max_position_embeddings": 2048}
+TINY_HD32 = dict(TINY, num_attention_heads=2)
+
+
+def test_vllm_is_started_through_its_serve_command_with_the_swept_api_servers(reward_http, model_dir: Path) -> None:
+    setting = {"omp_threads_bind": "0", "api_server_count": 2, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+    args = argparse.Namespace(model=str(model_dir), device="cpu", loop="auto")
+    command = reward_http.server_command("vllm", 8000, args, {"vllm": "/peer/bin/python"}, "/tmp", setting,
+                                         str(model_dir))
+    # Not `-m vllm.entrypoints.openai.api_server`: it serves from one process whatever --api-server-count says.
+    assert command[:2] == ["/peer/bin/python", str(reward_http.ROOT / "bench/peers/vllm_server.py")]
+    assert (reward_http.ROOT / "bench/peers/vllm_server.py").is_file()
+    assert {"--api-server-count=2", "--max-num-seqs=16", "--max-num-batched-tokens=2048"} <= set(command)
+    # SmolLM2's context is 8192: vLLM is held to the 2048 tokens the service takes, which 2048 per step can hold.
+    assert "--max-model-len=2048" in command
+
+
+def test_vllm_takes_prompts_as_long_as_the_service_does_or_the_models_context_where_shorter(reward_http) -> None:
+    assert reward_http.MAX_LENGTH == 2048
+    assert reward_http.vllm_max_model_len(SMOLLM2) == 2048
+    assert reward_http.vllm_max_model_len(TINY) == 2048
+    short = dict(SMOLLM2, max_position_embeddings=512)
+    assert reward_http.vllm_max_model_len(short) == 512
+    vllm = reward_http.settings_grid("vllm", [16], [2.0], cores=1, max_model_len=512)
+    assert {s["max_num_batched_tokens"] for s in vllm} == {512, 8192}  # a step holds a whole prompt, or 32 clients'
+
+
+def test_vllm_is_left_out_for_a_model_of_a_head_size_its_cpu_attention_refuses(reward_http) -> None:
+    refusal = reward_http.vllm_refusal(TINY)  # 64 / 4 = 16
+    assert refusal is not None and "head_dim 16" in refusal
+    assert reward_http.vllm_refusal(TINY_HD32) is None  # 64 / 2 = 32
+    assert reward_http.vllm_refusal(SMOLLM2) is None  # 64, as its config says
+    assert reward_http.vllm_refusal(dict(SMOLLM2, head_dim=48)) is not None  # the config's head_dim comes first
+    assert reward_http.vllm_refusal({"architectures": ["Unknown"]}) is None  # nothing to judge by: vLLM will say
+
+
+def test_model_takes_the_bench_models_and_model_directories(reward_http, model_dir: Path, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    for name in ("tiny-hd32", "tiny", "small", "smollm2-135m-instruct"):
+        assert reward_http.model_argument(name) == name
+    monkeypatch.chdir(model_dir.parent)
+    # A directory goes to every server as an absolute path: --baseline's servers run in another checkout.
+    assert reward_http.model_argument(model_dir.name) == str(model_dir.resolve())
+    with pytest.raises(argparse.ArgumentTypeError, match="neither a model of the bench"):
+        reward_http.model_argument("tiny-rm-nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(argparse.ArgumentTypeError, match="no config.json"):
+        reward_http.model_argument(str(tmp_path / "empty"))
+
+
+def test_a_bad_model_is_refused_with_exit_code_2_before_anything_starts(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "reward_http.py"), "--model", "no-such-model"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "argument --model: 'no-such-model' is neither a model of the bench" in result.stderr
+    # Refused while parsing: the bench's own lines (a peer skipped, a setting of the sweep) never came.
+    assert "reward_http:" not in result.stderr
 
 
 def test_the_best_settings_of_the_sweep_are_read_again_and_a_server_with_one_setting_is_not(reward_http) -> None:
