@@ -595,7 +595,7 @@ def server_command(name: str, port: int, args: argparse.Namespace, pythons: dict
         # thread binding comes in the environment (setting_env).
         flags = [f"--{key.replace('_', '-')}={setting[key]}"
                  for key in ("api_server_count", "max_num_seqs", "max_num_batched_tokens") if key in setting]
-        return [pythons[name], str(ROOT / "bench/peers/vllm_server.py"), "--model", model_dir,
+        return [pythons[name], str(ROOT / "bench/peers/vllm_server.py"), model_dir,
                 "--runner", "pooling", "--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", "0.05",
                 "--no-enable-prefix-caching", f"--max-model-len={vllm_max_model_len(model_config(model_dir))}",
                 *flags, "--host", "127.0.0.1", "--port", str(port), "--uvicorn-log-level", "warning"]

@@ -8,7 +8,7 @@ and no distribution of that name is installed), and `python -m vllm.entrypoints.
 --api-server-count but always serves from one process (its __main__ calls run_server, "a single-worker API server").
 Runs in the vLLM environment (bench/peers/setup.sh vllm); every argument is vLLM's.
 
-    ~/.cache/cooper/bench-peers/vllm/bin/python bench/peers/vllm_server.py --model DIR --runner pooling --api-server-count 2
+    ~/.cache/cooper/bench-peers/vllm/bin/python bench/peers/vllm_server.py DIR --runner pooling --api-server-count 2
 """
 
 import sys

@@ -106,6 +106,7 @@ def test_vllm_is_started_through_its_serve_command_with_the_swept_api_servers(re
                                          str(model_dir))
     # Not `-m vllm.entrypoints.openai.api_server`: it serves from one process whatever --api-server-count says.
     assert command[:2] == ["/peer/bin/python", str(reward_http.ROOT / "bench/peers/vllm_server.py")]
+    assert command[2] == str(model_dir) and "--model" not in command  # `vllm serve MODEL`: --model is deprecated
     assert (reward_http.ROOT / "bench/peers/vllm_server.py").is_file()
     assert {"--api-server-count=2", "--max-num-seqs=16", "--max-num-batched-tokens=2048"} <= set(command)
     # SmolLM2's context is 8192: vLLM is held to the 2048 tokens the service takes, which 2048 per step can hold.
