@@ -143,9 +143,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="every stage at toy size (its figures mean nothing)")
     args = parser.parse_args()
     if args.sample_policy is not None:
-        from cooper.runtime.models import BUILDERS
+        from cooper.runtime.models import BUILDERS, builds_locally
 
-        if args.sample_policy not in BUILDERS and not Path(args.sample_policy).is_dir():
+        if not builds_locally(args.sample_policy) and not Path(args.sample_policy).is_dir():
             parser.error(f"--sample-policy {args.sample_policy}: neither a model directory nor a model Cooper knows "
                          f"({', '.join(sorted(BUILDERS))})")
     if args.two_step_share is not None and not 0.0 <= args.two_step_share <= 1.0:

@@ -115,6 +115,7 @@ from minute to minute.
 
 import argparse
 import asyncio
+import functools
 import importlib.util
 import itertools
 import json
@@ -208,6 +209,7 @@ def model_argument(value: str) -> str:
     return str(path.resolve())
 
 
+@functools.cache  # read once: every vLLM start of the sweep asks again
 def model_config(model_dir: str) -> dict[str, Any]:
     """The model's config.json, for what vLLM needs to be told or refuses (vllm_max_model_len, vllm_refusal)."""
     return json.loads((Path(model_dir) / "config.json").read_text())
