@@ -166,11 +166,13 @@ def write_annotated(path: str | Path, kept: Sequence[Annotated]) -> None:
 
 def pretrain_reward_model(
     config: RewardConfig, labelled: Sequence[tuple[ScoreItem, bool]], output_dir: str | Path, epochs: int = 3,
-    lr: float = 2e-5, batch_size: int = 16, holdout: float = 0.05, seed: int = 0,
+    lr: float = 2e-5, batch_size: int = 16, holdout: float = 0.05, seed: int = 0, progress: bool = False,
 ) -> dict[str, Any]:
     """BCE-train config.model on the labelled triples, save it as a loadable model directory (atomically), and
-    report accuracy on a held-out share before and after (the share is drawn with `seed`)."""
+    report accuracy on a held-out share before and after (the share is drawn with `seed`). With `progress`, a bar
+    counts the triples trained on over all epochs, with the last batch's loss."""
     import torch
+    from tqdm import tqdm
 
     from cooper.runtime.models import resolve_model
     from cooper.services.reward.verify_rm import VerifyRM
@@ -193,7 +195,13 @@ def pretrain_reward_model(
         return sum((x > 0) == t.label for x, t in zip(logits, evaluation, strict=True)) / len(evaluation)
 
     before = accuracy()
-    trained = rm.pretrain(training, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+    with tqdm(total=len(training) * epochs, desc="pretraining VerifyRM", unit="triple", disable=not progress) as bar:
+
+        def advance(triples: int, loss: float) -> None:
+            bar.update(triples)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        trained = rm.pretrain(training, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, on_step=advance)
     after = accuracy()
     target = Path(output_dir)
     target.parent.mkdir(parents=True, exist_ok=True)

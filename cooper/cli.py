@@ -210,7 +210,7 @@ def _pretrain_rm(args: argparse.Namespace) -> int:
     if not 0 <= args.holdout < 1:
         raise ConfigError(f"--holdout is a share of the triples in [0, 1); got {args.holdout}")
     result = pretrain_reward_model(config.reward, read_labelled(args.input), args.output, args.epochs, args.lr,
-                                   args.batch_size, args.holdout, args.seed)
+                                   args.batch_size, args.holdout, args.seed, progress=not args.no_progress)
     print(f"VerifyRM from {result['model']} trained on {result['train']} triples, saved to {result['output']}; "
           f"held-out accuracy {result['heldout_accuracy_before']} -> {result['heldout_accuracy_after']}. "
           f"Use it with reward.model={result['output']}")
@@ -359,8 +359,9 @@ def _parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--batch-size", type=int, default=16, help="triples per optimizer step")
     pretrain.add_argument("--holdout", type=float, default=0.05, help="share held out to report accuracy (0: none)")
     pretrain.add_argument("--seed", type=int, default=0, help="shuffles the triples and picks the held-out share")
-    _add_config_options(pretrain, "reward.model=Qwen/Qwen2.5-Math-1.5B", config_help="YAML config file or preset "
-                        "name in configs/ (default: tiny); the base model is reward.model")
+    _add_config_options(pretrain, "reward.model=Qwen/Qwen2.5-Math-1.5B", progress="no progress bar",
+                        config_help="YAML config file or preset name in configs/ (default: tiny); the base model is "
+                        "reward.model")
 
     eval_rm = sub.add_parser(
         "eval-rm", help="accuracy of VerifyRM and of the rule verifier on a labelled benchmark (VerifyBench format)",

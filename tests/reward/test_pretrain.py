@@ -63,3 +63,20 @@ def test_pretrain_rm_fits_the_labels_and_writes_a_servable_model(tmp_path: Path,
     assert abs(accuracy(trained, train_rows) - result["train_accuracy"]) <= 1 / 80
     assert result["train_accuracy"] >= 0.8
     assert accuracy(trained, train_rows) >= accuracy(base, train_rows) + 0.2
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_pretrain_rm_shows_its_progress_unless_asked_not_to(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            quiet: bool) -> None:
+    # On a real base model pretraining takes half an hour: the bar counts the triples trained on over every epoch.
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(json.dumps(row) + "\n" for row in labelled_rows(20)))
+    code = main(["pretrain-rm", str(labelled), "-o", str(tmp_path / "rm"), "--epochs", "2", "--batch-size", "8",
+                 "--holdout", "0", *(["--no-progress"] if quiet else []), "reward.model=tiny", "reward.device=cpu",
+                 "reward.torch_threads=1"])
+    assert code == 0
+    err = capsys.readouterr().err
+    if quiet:
+        assert "pretraining VerifyRM" not in err
+    else:
+        assert "pretraining VerifyRM" in err and "40/40" in err and "loss=" in err

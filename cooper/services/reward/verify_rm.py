@@ -339,11 +339,13 @@ class VerifyRM:
 
     def pretrain(
         self, triples: Sequence[LabelledTriple], epochs: int = 3, lr: float = 2e-5, batch_size: int = 16,
-        seed: int = 0,
+        seed: int = 0, on_step: Callable[[int, float], None] | None = None,
     ) -> dict[str, float]:
         """BCE on labelled triples with its own AdamW (paper: lr 2e-5, 3 epochs); the version is unchanged.
 
-        Returns the mean loss of the last epoch and the accuracy (sigmoid > 0.5 matches the label) after training.
+        `on_step(triples, loss)` is called after each optimizer step with the batch's size and loss (a progress bar's
+        hook). Returns the mean loss of the last epoch and the accuracy (sigmoid > 0.5 matches the label) after
+        training.
         """
         if not triples:
             raise ValueError("pretrain needs at least one labelled triple")
@@ -365,6 +367,8 @@ class VerifyRM:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
                 optimizer.step()
                 epoch_loss += loss.item() * len(rows)
+                if on_step is not None:
+                    on_step(len(rows), loss.item())
             last_loss = epoch_loss / len(order)
         final = self.logits(ids)
         accuracy = sum((x > 0) == t.label for x, t in zip(final, triples, strict=True)) / len(triples)
