@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -164,6 +165,17 @@ def test_two_ranks_beside_vllm_over_grpc(tmp_path):
             assert "vLLM accepts" in refused.value.details()
             assert len(client.generate(prompts, n=2, max_new_tokens=4).completions) == 4  # still serving
         print(f"two ranks + vLLM ready in {ready_s:.0f} s")
+
+        # The rank that built the engine killed outright (the OOM killer, a SIGKILL): its engine's processes, the
+        # engine core and its worker, follow it rather than live on holding the model (vLLM alone leaves them).
+        engine = [p for p in psutil.Process(service.process.pid).children(recursive=True)
+                  if p.name().startswith("VLLM::")]
+        (engine_core,) = [p for p in engine if p.name().startswith("VLLM::EngineCore")]
+        owner = engine_core.parent()
+        assert owner is not None and len(engine) >= 2, [p.name() for p in engine]
+        owner.kill()
+        gone, alive = psutil.wait_procs(engine, timeout=30)
+        assert not alive, f"outlived the rank that built them: {[(p.pid, p.name()) for p in alive]}"
     finally:
         service.stop()
 

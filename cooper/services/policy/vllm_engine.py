@@ -9,7 +9,10 @@ restart), then drops the prefix cache, whose KV entries were computed with the o
 With several training ranks this process already holds the ranks' default process group, and vLLM built here
 would find it, skip its own setup and call collectives over all ranks while the others wait on their pipes: a hang
 (vLLM 0.32, `init_distributed_environment`). The engine core then runs in a spawned process with a world of its
-own, and `sync_weights` sends the weights to it over vLLM's RPC (a copy per update instead of a reference).
+own, and `sync_weights` sends the weights to it over vLLM's RPC (a copy per update instead of a reference). vLLM
+0.32's engine core does not notice when the process that spawned it dies without shutting it down (SIGKILL, the
+OOM killer): it would live on, holding the model and its KV cache (vLLM issue 55510). So its worker watches this
+process (`end_engine_with_owner`) and ends the engine core when this process is gone.
 
 Sampling log-probs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling
 (and, when top_p < 1, after its nucleus renormalisation); with top_p = 1, the training setting, this is the
@@ -20,7 +23,12 @@ Left out: tensor parallelism (weights are copied whole), sleep mode between roll
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -54,8 +62,56 @@ def completion_seeds(seed: int, prompts: int, n: int) -> list[int]:
     return [seed * SEED_STRIDE + i * n for i in range(prompts)]
 
 
+OWNER_POLL_S = 1.0
+"""How often a spawned engine's worker checks that the process that built the engine is alive."""
+ENGINE_STOP_GRACE_S = 15.0
+"""How long the engine core has to shut down on SIGTERM (a few seconds on a CPU) before it is killed."""
+
+
+def end_engine_with_owner(owner_pid: int, poll_s: float = OWNER_POLL_S, grace_s: float = ENGINE_STOP_GRACE_S
+                          ) -> None:
+    """In a spawned engine's worker: start a thread that, once process `owner_pid` has died, ends the engine core
+    (SIGTERM, vLLM's own shutdown, which stops its workers too; SIGKILL after `grace_s`) and then this process.
+
+    The engine core is the ancestor of this process whose parent is the owner (this process itself where the
+    worker runs inside the engine core). The owner is known by its pid and start time, so a new process that
+    reuses the pid is not taken for it."""
+    import psutil
+
+    owner = psutil.Process(owner_pid)
+    owner_started = owner.create_time()
+    engine_core: psutil.Process | None = psutil.Process()
+    while engine_core is not None and engine_core.ppid() != owner_pid:
+        engine_core = engine_core.parent()
+    if engine_core is None or engine_core.pid == owner_pid:
+        raise RuntimeError(f"process {os.getpid()} does not descend from the engine's owner {owner_pid}")
+    target = engine_core
+
+    def owner_alive() -> bool:
+        try:
+            return owner.create_time() == owner_started and owner.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def watch() -> None:
+        while owner_alive():
+            time.sleep(poll_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            target.send_signal(signal.SIGTERM)
+            target.wait(timeout=grace_s)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+            target.kill()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cooper-engine-owner", daemon=True).start()
+
+
 class WeightSyncExtension:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's. Nothing here imports vLLM."""
+
+    def cooper_end_with_owner(self, owner_pid: int) -> None:
+        """Called once after the engine is built, where it runs in processes of its own (module docstring)."""
+        end_engine_with_owner(owner_pid)
 
     model_runner: Any
 
@@ -104,9 +160,12 @@ class VLLMEngine:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         with random_state_kept(), launcher_environment_hidden():
             self.llm = self._thread.submit(vllm.LLM, **kwargs).result()
+        if not in_process:
+            self.on_engine_thread(self.llm.collective_rpc, "cooper_end_with_owner", args=(os.getpid(),))
 
     def close(self) -> None:
-        """Nothing to stop from here: vLLM shuts its engine's workers down when this process exits."""
+        """Nothing to stop from here: vLLM shuts its engine's workers down when this process exits (and where this
+        process is killed, its worker ends the engine: `end_engine_with_owner`)."""
 
     def sync_weights(self) -> None:
         """Copy the trainer's current weights into vLLM's model (vLLM casts them to its dtype)."""
