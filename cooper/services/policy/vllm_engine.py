@@ -74,33 +74,32 @@ def end_engine_with_owner(owner_pid: int, poll_s: float = OWNER_POLL_S, grace_s:
     (SIGTERM, vLLM's own shutdown, which stops its workers too; SIGKILL after `grace_s`) and then this process.
 
     The engine core is the ancestor of this process whose parent is the owner (this process itself where the
-    worker runs inside the engine core). The owner is known by its pid and start time, so a new process that
-    reuses the pid is not taken for it."""
+    worker runs inside the engine core). A process that later reuses the owner's pid is not taken for the owner
+    (psutil compares start times)."""
     import psutil
 
     owner = psutil.Process(owner_pid)
-    owner_started = owner.create_time()
-    engine_core: psutil.Process | None = psutil.Process()
-    while engine_core is not None and engine_core.ppid() != owner_pid:
-        engine_core = engine_core.parent()
-    if engine_core is None or engine_core.pid == owner_pid:
+    ancestor: psutil.Process | None = psutil.Process()
+    while ancestor is not None and ancestor.ppid() != owner_pid:
+        ancestor = ancestor.parent()
+    if ancestor is None:
         raise RuntimeError(f"process {os.getpid()} does not descend from the engine's owner {owner_pid}")
-    target = engine_core
+    engine_core = ancestor
 
     def owner_alive() -> bool:
         try:
-            return owner.create_time() == owner_started and owner.status() != psutil.STATUS_ZOMBIE
+            return owner.is_running() and owner.status() != psutil.STATUS_ZOMBIE  # is_running: not a reused pid
         except psutil.NoSuchProcess:
             return False
 
     def watch() -> None:
         while owner_alive():
             time.sleep(poll_s)
-        with contextlib.suppress(psutil.NoSuchProcess):
-            target.send_signal(signal.SIGTERM)
-            target.wait(timeout=grace_s)
         with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
-            target.kill()
+            engine_core.send_signal(signal.SIGTERM)
+            engine_core.wait(timeout=grace_s)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            engine_core.kill()
         os._exit(1)
 
     threading.Thread(target=watch, name="cooper-engine-owner", daemon=True).start()
