@@ -11,7 +11,7 @@ would find it, skip its own setup and call collectives over all ranks while the 
 (vLLM 0.32, `init_distributed_environment`). The engine core then runs in a spawned process with a world of its
 own, and `sync_weights` sends the weights to it over vLLM's RPC (a copy per update instead of a reference). vLLM
 0.32's engine core does not notice when the process that spawned it dies without shutting it down (SIGKILL, the
-OOM killer): it would live on, holding the model and its KV cache (vLLM issue 55510). So its worker watches this
+OOM killer): it would live on, holding the model and its KV cache (vllm-project/vllm#55510). So its worker watches this
 process (`end_engine_with_owner`) and ends the engine core when this process is gone.
 
 Sampling log-probs: `logprobs_mode="processed_logprobs"` makes vLLM report log-probs after temperature scaling
