@@ -241,13 +241,13 @@ def vllm_refusal(config: dict[str, Any]) -> str | None:
 class Connection:
     """One keep-alive HTTP/1.1 connection; enough of the protocol for JSON POSTs to these servers."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str):
-        self.reader, self.writer, self.host = reader, writer, host
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int):
+        self.reader, self.writer, self.host, self.port = reader, writer, host, port
 
     @classmethod
     async def open(cls, host: str, port: int) -> "Connection":
         reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer, host)
+        return cls(reader, writer, host, port)
 
     async def post(self, path: str, payload: dict | bytes) -> dict:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -258,6 +258,13 @@ class Connection:
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         self.writer.write(head + body)
         status_line = await self.reader.readline()
+        if not status_line:
+            # The server closed this connection while it sat idle past its keep-alive timeout (uvicorn's: 5 s): on
+            # a real model, the other clients' warm-up outlasts it. Nothing was answered, so send it again once.
+            self.writer.close()
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.writer.write(head + body)
+            status_line = await self.reader.readline()
         length = 0
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.decode().partition(":")
