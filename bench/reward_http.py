@@ -256,8 +256,11 @@ class Connection:
     async def request(self, method: str, path: str, body: bytes = b"") -> bytes:
         head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
-        self.writer.write(head + body)
-        status_line = await self.reader.readline()
+        try:
+            self.writer.write(head + body)
+            status_line = await self.reader.readline()
+        except ConnectionResetError:
+            status_line = b""
         if not status_line:
             # The server closed this connection while it sat idle past its keep-alive timeout (uvicorn's: 5 s): on
             # a real model, the other clients' warm-up outlasts it. Nothing was answered, so send it again once.

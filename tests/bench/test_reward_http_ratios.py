@@ -169,3 +169,34 @@ def test_the_best_setting_is_the_best_mean_among_the_settings_read_twice(reward_
              {"setting": {"max_batch": 32}, "items_per_s": 1100.0, "readings": [1100.0]}]
     assert reward_http.best_setting(sweep) == {"max_batch": 16}
     assert reward_http.best_setting(sweep[2:]) == {"max_batch": 32}  # nothing confirmed: the best single reading
+
+
+def test_a_connection_the_server_closed_while_idle_is_opened_again(reward_http) -> None:
+    # A server's keep-alive timeout ends a connection that sat idle (on a real model, through the other clients'
+    # warm-up): the next request on it goes out again on a new connection and gets its answer.
+    import asyncio
+
+    async def scenario() -> tuple[bytes, int]:
+        accepted = 0
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            if accepted == 1:  # the idle connection, closed before any request arrives
+                writer.close()
+                return
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connection = await reward_http.Connection.open("127.0.0.1", port)
+        await asyncio.sleep(0.2)
+        answer = await connection.request("GET", "/metrics")
+        connection.close()
+        server.close()
+        return answer, accepted
+
+    answer, accepted = asyncio.run(scenario())
+    assert (answer, accepted) == (b"ok", 2)
