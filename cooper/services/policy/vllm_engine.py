@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psutil
 import torch
 
 from cooper.config import PolicyConfig, vllm_sampling_problem
@@ -76,8 +77,6 @@ def end_engine_with_owner(owner_pid: int, poll_s: float = OWNER_POLL_S, grace_s:
     The engine core is the ancestor of this process whose parent is the owner (this process itself where the
     worker runs inside the engine core). A process that later reuses the owner's pid is not taken for the owner
     (psutil compares start times)."""
-    import psutil
-
     owner = psutil.Process(owner_pid)
     ancestor: psutil.Process | None = psutil.Process()
     while ancestor is not None and ancestor.ppid() != owner_pid:
