@@ -54,7 +54,9 @@ class AnnotationStats:
     total: int = 0
     verifier_labelled: int = 0
     judge_labelled: int = 0
-    disagreed: int = 0  # both labelled, differently
+    disagreed: int = 0  # both labelled, differently: the two below
+    judge_only_correct: int = 0  # the judge called it right, the verifier wrong (a missed answer, or the judge's error)
+    verifier_only_correct: int = 0  # the verifier called it right, the judge wrong
     kept_correct: int = 0
     kept_incorrect: int = 0
 
@@ -145,6 +147,8 @@ def annotate(
                 continue
             if by_verifier != by_judge:
                 stats.disagreed += 1
+                stats.judge_only_correct += by_judge
+                stats.verifier_only_correct += by_verifier
                 continue
             stats.kept_correct += by_verifier
             stats.kept_incorrect += not by_verifier

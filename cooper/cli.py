@@ -180,8 +180,9 @@ def _annotate(args: argparse.Namespace) -> int:
     else:
         print(f"{stats.total} triples: the verifier labelled {stats.verifier_labelled}, the judge "
               f"{stats.judge_labelled}; they agreed on {stats.agreed} ({stats.kept_correct} correct, "
-              f"{stats.kept_incorrect} incorrect) and disagreed on {stats.disagreed}; {stats.agreed} written to "
-              f"{args.output}")
+              f"{stats.kept_incorrect} incorrect) and disagreed on {stats.disagreed} (the judge alone called "
+              f"{stats.judge_only_correct} right, the verifier alone {stats.verifier_only_correct}); {stats.agreed} "
+              f"written to {args.output}")
     print(json.dumps({"input": args.input, "output": args.output, **stats.as_dict()}))
     return 0
 

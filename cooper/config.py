@@ -561,6 +561,11 @@ class GeneratorConfig(StrictModel):
     """Assistant sampling temperature for Judge; 0 is greedy, so a judgment is reproducible."""
     judge_max_tokens: int = Field(default=1024, ge=1)
     """Most tokens of one judgment (a short explanation, then `Final Judgment: Yes|No`)."""
+    judge_ask_verdict: bool = True
+    """A judgment that ends without a verdict line is continued, greedily, from an appended `Final Judgment:` line,
+    and the model's next few words decide: a small judge explains and stops without the line (SmolLM2-135M-Instruct
+    gave it in 3 replies of 32). The `openai` backend asks for it with vLLM's and SGLang's `continue_final_message`;
+    turn this off for an endpoint without that extension."""
     assistant: AssistantConfig = Field(default_factory=AssistantConfig)
     """The assistant LLM."""
 

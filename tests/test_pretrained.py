@@ -83,6 +83,18 @@ def test_prompts_go_through_its_chat_template(tokenizer) -> None:
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3  # no BOS or turn added twice
 
 
+def test_the_judge_s_verdict_line_is_continued_in_its_own_turn(tokenizer) -> None:
+    from cooper.services.generator.assistant import ChatRequest, prompt_text
+    from cooper.services.generator.judge import VERDICT_OPENING, JudgeTask, judge_messages, verdict_request
+
+    question = ChatRequest(judge_messages(JudgeTask("What is 7 + 5?", "12", "7 + 5 = 12.")), 0.0, 160)
+    new_turn = prompt_text(tokenizer, question)
+    going_on = prompt_text(tokenizer, verdict_request(question, "The solution says 12.  \n"))
+    # The reply and its verdict line sit in the one open assistant turn, with no end-of-turn token after them.
+    assert going_on == f"{new_turn}The solution says 12.\n\n{VERDICT_OPENING}"
+    assert going_on.count("<|im_start|>assistant") == 1 and not going_on.endswith("<|im_end|>\n")
+
+
 def test_a_completion_ends_at_the_end_of_its_turn(tokenizer, policy) -> None:
     from cooper.services.policy.hf_engine import TransformersEngine
 

@@ -50,15 +50,18 @@ def test_annotate_keeps_what_verifier_and_judge_agree_on(tmp_path: Path, chat_se
     assert code == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {k: stats[k] for k in ("total", "verifier_labelled", "judge_labelled", "agreed", "disagreed",
-                                  "kept_correct", "kept_incorrect")} == {
-        "total": 7, "verifier_labelled": 6, "judge_labelled": 6, "agreed": 3, "disagreed": 2, "kept_correct": 2,
-        "kept_incorrect": 1}
+                                  "judge_only_correct", "verifier_only_correct", "kept_correct", "kept_incorrect")} == {
+        "total": 7, "verifier_labelled": 6, "judge_labelled": 6, "agreed": 3, "disagreed": 2, "judge_only_correct": 1,
+        "verifier_only_correct": 1, "kept_correct": 2, "kept_incorrect": 1}
     kept = [json.loads(line) for line in output.read_text().splitlines()]
     assert [(row["completion"], row["label"], row["verifier"], row["judge"]) for row in kept] == [
         (CASES[0][0], True, "CORRECT", "YES"), (CASES[1][0], False, "INCORRECT", "NO"),
         (CASES[6][0], True, "CORRECT", "YES")]
     assert [label for _, label in read_labelled(output)] == [True, False, True]  # what pretrain-rm reads
-    assert len(script.requests) == len(CASES)  # one judge call per triple
+    # One judge call per triple, and one more for the reply without a verdict (E), continued from the verdict line.
+    assert len(script.requests) == len(CASES) + 1
+    [follow_up] = [r for r in script.requests if r["messages"][-1]["role"] == "assistant"]
+    assert follow_up["messages"][-1]["content"] == "The completion looks plausible.\n\nFinal Judgment:"
 
 
 def test_without_a_judge_every_triple_the_verifier_labels_is_kept(tmp_path: Path,

@@ -1,10 +1,21 @@
-"""Pure core of the generator: perturbation, the rejection rule, judge parsing, the rewrite request."""
+"""Pure core of the generator: perturbation, the rejection rule, judge parsing and its verdict follow-up, the
+rewrite request."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from cooper.services.generator.judge import Judgment, parse_judgment
+from cooper.services.generator.assistant import ChatRequest
+from cooper.services.generator.judge import (
+    VERDICT_OPENING,
+    VERDICT_TOKENS,
+    JudgeTask,
+    Judgment,
+    judge,
+    parse_judgment,
+)
 from cooper.services.generator.negatives import (
     REWRITE_SYSTEM_PROMPT,
     LLMStrategy,
@@ -144,6 +155,43 @@ def test_rejection_rule(vs_positive, vs_reference, code):
 )
 def test_judge_parsing(reply, verdict):
     assert parse_judgment(reply) is verdict
+
+
+class ScriptedJudge:
+    """An assistant that answers each request with the next reply of `script` for the first key found in its
+    last message (the pure core's stand-in for the LLM; the real ones are tested in test_generator_server.py and
+    test_pretrained.py), and keeps what it was asked."""
+
+    def __init__(self, script: dict[str, list[str]]):
+        self.script = script
+        self.asked: list[list[ChatRequest]] = []
+
+    async def chat(self, requests):  # type: ignore[no-untyped-def]
+        self.asked.append(list(requests))
+        return [self.script[next(k for k in self.script if k in r.messages[-1]["content"])].pop(0) for r in requests]
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("ask_verdict", [True, False])
+def test_a_reply_without_a_verdict_is_continued_from_one(ask_verdict):
+    assistant = ScriptedJudge({"[a]": ["Both say 12.\nFinal Judgment: Yes"], "[b]": ["The solution says 12 [b].", " No."],
+                               "[c]": ["12 [c]", " Maybe"]})
+    tasks = [JudgeTask(f"[{key}] What is 7 + 5?", "12", "12") for key in "abc"]
+    verdicts = asyncio.run(judge(tasks, assistant, temperature=0.5, max_tokens=160, ask_verdict=ask_verdict))
+    if not ask_verdict:
+        assert [v for v, _ in verdicts] == [Judgment.YES, Judgment.UNKNOWN, Judgment.UNKNOWN]
+        assert len(assistant.asked) == 1
+        return
+    assert [v for v, _ in verdicts] == [Judgment.YES, Judgment.NO, Judgment.UNKNOWN]
+    assert verdicts[1][1] == f"The solution says 12 [b].\n\n{VERDICT_OPENING} No."
+    first, follow_ups = assistant.asked
+    assert len(follow_ups) == 2  # only the replies without a verdict are asked again
+    for follow_up, question, reply in zip(follow_ups, first[1:], ["The solution says 12 [b].", "12 [c]"], strict=True):
+        assert follow_up.messages[:-1] == question.messages
+        assert follow_up.messages[-1] == {"role": "assistant", "content": f"{reply}\n\n{VERDICT_OPENING}"}
+        assert (follow_up.temperature, follow_up.max_tokens) == (0.0, VERDICT_TOKENS)
 
 
 def test_rewrite_request_follows_the_recipe():

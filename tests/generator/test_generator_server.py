@@ -37,7 +37,8 @@ def test_negatives_and_judge_over_grpc_with_concurrent_requests(generator, chat_
     right = "We compute 5 + 6 = 11. The answer is \\boxed{11}."
     script.reset(
         replies={f"[n{i}]": ["We compute 5 + 6 = 12. The answer is \\boxed{12}."] for i in range(8)}
-        | {"[j1]": ["Same value.\nFinal Judgment: Yes"], "[j2]": ["Final Judgment: No"]},
+        | {"[j1]": ["Same value.\nFinal Judgment: Yes"], "[j2]": ["Final Judgment: No"],
+           "[j4]": ["Both are 11 [j4].", " Yes"]},
         delay_s=0.1,
     )
     script.replies["[n0]"] = [right, "We compute 5 + 6 = 13. The answer is \\boxed{13}."]
@@ -54,9 +55,17 @@ def test_negatives_and_judge_over_grpc_with_concurrent_requests(generator, chat_
     assert all(r.attempts == 1 and r.reason == "" and not r.rejections for r in flat[1:])
     assert script.max_in_flight == 2
 
-    verdicts = client.judge([JudgeItem(question=f"[j{i}] 5 + 6?", reference="11", completion=right) for i in (1, 2, 3)])
-    assert [v.verdict for v in verdicts] == [Judgment.Value("YES"), Judgment.Value("NO"), Judgment.Value("UNKNOWN")]
+    asked = len(script.requests)
+    verdicts = client.judge([JudgeItem(question=f"[j{i}] 5 + 6?", reference="11", completion=right)
+                             for i in (1, 2, 3, 4)])
+    assert [v.verdict for v in verdicts] == [Judgment.Value(v) for v in ("YES", "NO", "UNKNOWN", "YES")]
     assert verdicts[0].raw == "Same value.\nFinal Judgment: Yes"
+    # The replies without a verdict line ([j3], [j4]) were continued from one, through vLLM's extension.
+    assert verdicts[3].raw == "Both are 11 [j4].\n\nFinal Judgment: Yes"
+    follow_ups = [r for r in script.requests[asked:] if r["messages"][-1]["role"] == "assistant"]
+    assert len(script.requests) - asked == 6 and len(follow_ups) == 2
+    assert all(r["continue_final_message"] is True and r["add_generation_prompt"] is False and r["max_tokens"] == 4
+               and r["messages"][-1]["content"].endswith("\n\nFinal Judgment:") for r in follow_ups)
 
 
 def test_unreachable_assistant_is_unavailable_not_a_silent_miss(cooper_serve, verifier_address):  # type: ignore[no-untyped-def]

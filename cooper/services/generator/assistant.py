@@ -29,11 +29,25 @@ log = logging.getLogger("cooper.generator")
 @dataclass(frozen=True)
 class ChatRequest:
     messages: list[dict[str, str]]
-    """Chat turns: {"role": "system" | "user" | "assistant", "content": ...}."""
+    """Chat turns: {"role": "system" | "user" | "assistant", "content": ...}. Ending with an assistant turn asks the
+    model to go on with that turn (a reply begun for it), not to start a new one; the reply is what it adds."""
     temperature: float
     """0 means greedy."""
     max_tokens: int
     """Most tokens of the reply."""
+
+
+def continues_reply(request: ChatRequest) -> bool:
+    """Whether the request's last turn is the assistant's, for the model to continue."""
+    return bool(request.messages) and request.messages[-1]["role"] == "assistant"
+
+
+def prompt_text(tokenizer: Any, request: ChatRequest) -> str:
+    """The request through the tokenizer's chat template: a new assistant turn opened after the last one, or the
+    last one, the assistant's, left open (no end-of-turn token) so that the model's words continue it."""
+    going_on = continues_reply(request)
+    return str(tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=not going_on,
+                                             continue_final_message=going_on))
 
 
 def holding(lock: threading.Lock, generate: Callable[[list[ChatRequest]], list[str]],
@@ -92,8 +106,7 @@ class TransformersAssistant:
         return [replies[i] for i in range(len(requests))]
 
     def _generate(self, requests: list[ChatRequest]) -> list[str]:
-        prompts = [str(self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True))
-                   for r in requests]
+        prompts = [prompt_text(self.tokenizer, r) for r in requests]
         lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
         # A prompt that fills the context gets an empty reply (its candidate is rejected as empty) instead of
         # failing the batch it came with.
@@ -163,13 +176,24 @@ class VLLMAssistant:
 
         from cooper.runtime.vllm_support import EngineError, vllm_errors_translated
 
-        try:
-            with vllm_errors_translated():
-                params = [SamplingParams(temperature=r.temperature, max_tokens=r.max_tokens) for r in requests]
-                outputs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)  # type: ignore[arg-type]
-        except (ValueError, EngineError) as err:
-            raise AssistantError(f"the vLLM assistant could not answer: {err}") from err
-        return [o.outputs[0].text for o in outputs]
+        replies: dict[int, str] = {}
+        # One chat call opens new turns or continues the last ones; a batch of both kinds takes two calls.
+        for going_on in (False, True):
+            batch = [i for i, r in enumerate(requests) if continues_reply(r) == going_on]
+            if not batch:
+                continue
+            try:
+                with vllm_errors_translated():
+                    params = [SamplingParams(temperature=requests[i].temperature, max_tokens=requests[i].max_tokens)
+                              for i in batch]
+                    outputs = self.llm.chat(
+                        [requests[i].messages for i in batch], params, use_tqdm=False,  # type: ignore[arg-type]
+                        add_generation_prompt=not going_on, continue_final_message=going_on,
+                    )
+            except (ValueError, EngineError) as err:
+                raise AssistantError(f"the vLLM assistant could not answer: {err}") from err
+            replies.update((i, o.outputs[0].text) for i, o in zip(batch, outputs, strict=True))
+        return [replies[i] for i in range(len(requests))]
 
     async def close(self) -> None:
         pass
@@ -204,8 +228,10 @@ class OpenAIAssistant:
     async def _one(self, request: ChatRequest) -> str:
         import httpx
 
-        body = {"model": self.model, "messages": request.messages, "temperature": request.temperature,
-                "max_tokens": request.max_tokens}
+        body: dict[str, Any] = {"model": self.model, "messages": request.messages,
+                                "temperature": request.temperature, "max_tokens": request.max_tokens}
+        if continues_reply(request):  # vLLM's and SGLang's extension; the OpenAI API itself has none
+            body.update(add_generation_prompt=False, continue_final_message=True)
         delay, error, response = 0.5, "", None
         for attempt in range(self.retries + 1):
             response = None

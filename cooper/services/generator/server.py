@@ -97,7 +97,8 @@ class GeneratorServicer(generator_pb2_grpc.GeneratorServicer):
         tasks = [JudgeTask(i.question, i.reference, i.completion) for i in request.items]
         try:
             verdicts = await judge(
-                tasks, await self.assistant.get(), self.config.judge_temperature, self.config.judge_max_tokens
+                tasks, await self.assistant.get(), self.config.judge_temperature, self.config.judge_max_tokens,
+                self.config.judge_ask_verdict,
             )
         except AssistantError as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
