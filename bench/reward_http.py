@@ -415,10 +415,12 @@ class BareModel:
         import torch
 
         from cooper.config import OptimConfig
+        from cooper.services.reward.serving_defaults import CALIBRATION_TOKENS
         from cooper.services.reward.verify_rm import ScoreItem, VerifyRM
 
         torch.set_num_threads(threads)
         self.rm = VerifyRM.load(model_dir, OptimConfig(), device=device, dtype="float32")
+        self.rm.choose_linear_kernel(CALIBRATION_TOKENS)  # as the service chooses at start-up (reward.cpu_linear)
         self.tokens = self.rm.encode([ScoreItem(**item) for item in items])
 
     def items_per_s(self, batch_size: int, seconds: float) -> float:

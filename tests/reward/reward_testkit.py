@@ -92,6 +92,7 @@ def make_config(tmp_path: Path, **overrides) -> RewardConfig:  # type: ignore[no
         # Set, not calibrated: two services that chose different batches would cut the same request into different
         # forward passes, and the tests compare scores across services bit for bit.
         "batching": BatchingConfig(max_batch_size=64, max_wait_ms=2),
+        "cpu_linear": "torch",  # set, not timed at start-up, for the same reason
         "device": "cpu",
         "model_process": False,  # the model on a thread, so that tests can look inside it (test_model_process.py)
     }

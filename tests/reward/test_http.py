@@ -173,7 +173,8 @@ def test_model_info_and_probes(served: Served) -> None:
     # fixture leaves it unset), and so batches spread over the slots; tokenizing in the serving process.
     chosen = served.service.config.batching.max_batch_size
     assert info["serving"] == {"model_copies": 1, "max_batch_size": chosen, "max_wait_ms": 5.0, "max_inflight": 2,
-                               "spread": True, "spread_waits_ms": None, "tokenize_in_model": False}
+                               "spread": True, "spread_waits_ms": None, "tokenize_in_model": False,
+                               "cpu_linear": "torch"}
     assert chosen in (1, 2, 4, 8, 16, 32, 64, 128, 256)
     assert httpx.get(f"{served.url}/readyz").json()["status"] == "ready"
     spec = httpx.get(f"{served.url}/openapi.json").json()

@@ -264,3 +264,28 @@ async def _with_loss(future, loss: float):  # type: ignore[no-untyped-def]
 def test_model_copies_need_model_processes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="model_copies=2 needs reward.model_process=true"):
         make_config(tmp_path, model_process=False, model_copies=2)
+
+
+def test_model_copies_run_one_linear_kernel_and_stay_one_model_through_updates(tmp_path: Path) -> None:
+    # Copies compare their update results, which include scoring passes: all run the kernel the config or the first
+    # copy chose. Forced to oneDNN here; "auto" times it in the first copy only, and says why.
+    auto = RewardCore.load(make_config(tmp_path / "auto", cpu_linear="auto"))
+    assert any(reason.startswith(f"cpu_linear={auto.rm.linear_kernel}: ") for reason in auto.batching_reasons)
+    assert RewardCore.load(make_config(tmp_path / "other", cpu_linear="auto"), writes=False).rm.linear_kernel == "torch"
+
+    async def main() -> None:
+        service = await RewardService.create(make_config(tmp_path, model_process=True, model_copies=2,
+                                                         cpu_linear="onednn"))
+        runner = service.runner
+        assert isinstance(runner, CopiesRunner) and service.config.cpu_linear == "onednn"
+        assert [await copy.call(RewardCore.linear_kernel) for copy in runner.copies] == ["onednn", "onednn"]
+        update = await service.update(idempotency_key("run", 0), tiny_pairs(4))
+        assert update.version == 1 and service.alive
+        scored = await service.score(tiny_items(4))
+        single = RewardCore.load(make_config(tmp_path / "single"))  # torch's kernel, the same update
+        single.apply_update("run/0", tiny_pairs(4))
+        expected = single.score_tokens(single.rm.encode(tiny_items(4))).logits
+        assert max(abs(x - y) for x, y in zip(scored.logits, expected, strict=True)) <= 1e-5
+        await asyncio.wait_for(service.stop(), 30)
+
+    asyncio.run(main())

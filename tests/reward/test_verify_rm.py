@@ -269,3 +269,40 @@ def test_pretrain_bce_learns_labels(rm: VerifyRM) -> None:
     assert result["accuracy"] == 1.0
     assert result["loss"] < math.log(2)
     assert rm.version == 0
+
+
+def test_onednn_linear_layers_score_as_torchs_and_train_the_same_weights(tiny_rm_dir: str) -> None:
+    pairs = tiny_pairs(4)
+    items = tiny_items(16)
+    with_torch, with_onednn = (VerifyRM.load(tiny_rm_dir, OptimConfig(lr=3e-3, micro_batch_size=8), device="cpu")
+                               for _ in range(2))
+    with_onednn.use_linear_kernel("onednn")
+    assert with_onednn.linear_kernel == "onednn"
+    ran: list[int] = []  # scoring passes really go through oneDNN
+    original = torch._C._nn.mkldnn_linear
+    torch._C._nn.mkldnn_linear = lambda *args: ran.append(1) or original(*args)
+    try:
+        scores = with_onednn.score(items, batch_size=16)
+    finally:
+        torch._C._nn.mkldnn_linear = original
+    assert len(ran) == sum(isinstance(m, torch.nn.Linear) for m in with_onednn.model.modules())
+    reference = with_torch.score(items, batch_size=16)
+    assert max(abs(a[1] - b[1]) for a, b in zip(scores, reference, strict=True)) <= 1e-5
+    # Training passes run torch's kernel whatever scoring runs: the same update makes the same weights, bit for bit.
+    stats = [rm.update(pairs) for rm in (with_torch, with_onednn)]
+    assert stats[0].loss == stats[1].loss and stats[0].grad_norm == stats[1].grad_norm
+    for a, b in zip(with_torch.model.parameters(), with_onednn.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with_onednn.use_linear_kernel("torch")  # and back: the layers' own forward again
+    assert all("forward" not in m.__dict__ for m in with_onednn.model.modules())
+    assert with_onednn.score(items, batch_size=16) == with_torch.score(items, batch_size=16)
+
+
+def test_the_linear_kernel_is_chosen_by_timing_and_only_for_float32_on_a_cpu(tiny_rm_dir: str) -> None:
+    rm = VerifyRM.load(tiny_rm_dir, OptimConfig(), device="cpu", dtype="float32")
+    kernel, why = rm.choose_linear_kernel(32)
+    assert rm.linear_kernel == kernel and kernel in ("torch", "onednn") and "oneDNN" in why
+    bf16 = VerifyRM.load(tiny_rm_dir, OptimConfig(), device="cpu", dtype="bfloat16", trains=False)
+    assert bf16.choose_linear_kernel(32) == ("torch", "not a float32 model on a CPU")
+    bf16.use_linear_kernel("onednn")  # asked for, but it would not apply: torch's stays
+    assert bf16.linear_kernel == "torch" and all("forward" not in m.__dict__ for m in bf16.model.modules())

@@ -90,8 +90,15 @@ class RewardCore:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         core = cls._load_replica(config) if config.role == "replica" else cls._load_trainer(config, writes)
+        kernel_reason = None
+        if config.cpu_linear != "auto":
+            core.rm.use_linear_kernel(config.cpu_linear)
+        elif writes:  # first, as the batch calibration times passes; the other copies take this choice
+            kernel, why = core.rm.choose_linear_kernel(min(CALIBRATION_TOKENS, config.max_length))
+            kernel_reason = f"cpu_linear={kernel}: {why}"
         if writes:  # the other model copies take this one's choice (RewardService.create: use_batching)
             core.config, core.batching_reasons, core.spread_waits_ms = with_batching(config, core._calibration_pass)
+            core.batching_reasons += [kernel_reason] if kernel_reason else []
         return core
 
     @classmethod
@@ -170,6 +177,15 @@ class RewardCore:
     def use_batching(self, batching: BatchingConfig) -> None:
         """Batch as `batching` from now on: model copies take the first copy's choice, so all cut passes alike."""
         self.config = self.config.model_copy(update={"batching": batching})
+
+    def linear_kernel(self) -> str:
+        """How scoring passes run the linear layers (VerifyRM.use_linear_kernel): the config's, or chosen at load."""
+        return self.rm.linear_kernel
+
+    def use_linear_kernel(self, kernel: str) -> None:
+        """Model copies take the first copy's kernel: copies compare their results after each update, which include
+        scoring passes, so all must run the same one."""
+        self.rm.use_linear_kernel(kernel)
 
     def score_tokens(self, token_lists: Sequence[Sequence[int]]) -> BatchScores:
         """Score one batch of encoded items (Encoder.encode), cut into forward passes by the batch size and the

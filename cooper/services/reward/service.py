@@ -95,9 +95,11 @@ class RewardService:
                 await importing
             info: ModelInfo = await runner.info()
             batching, reasons, spread_waits_ms = await runner.call(RewardCore.batching)
+            kernel = await runner.call(RewardCore.linear_kernel)
             if isinstance(runner, CopiesRunner):  # the first copy chose (RewardCore.load); all batch alike
                 await runner.call(RewardCore.use_batching, batching)
-            config = config.model_copy(update={"batching": batching})
+                await runner.call(RewardCore.use_linear_kernel, kernel)
+            config = config.model_copy(update={"batching": batching, "cpu_linear": kernel})
             encoder: Encoder | None = None  # reward.tokenize_in_model: the model's process tokenizes
             if isinstance(runner, ThreadRunner):
                 encoder = runner.core.rm.encoder

@@ -199,7 +199,8 @@ class RewardHttpHandler:
                                         max_inflight=config.batching.max_inflight,
                                         spread=config.batching.spread,
                                         spread_waits_ms=self.service.batcher.waits_ms,
-                                        tokenize_in_model=config.tokenize_in_model)
+                                        tokenize_in_model=config.tokenize_in_model,
+                                        cpu_linear=config.cpu_linear)
 
     def health(self) -> protocol.StatusResponse:
         """503 once the model process has died, so that a supervisor restarts the service (from its checkpoint)."""

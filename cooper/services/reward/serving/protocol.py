@@ -67,6 +67,8 @@ class ServingSettings(BaseModel):
                                   "items may wait (a quarter of its own forward pass; index 0 unused)")
     tokenize_in_model: bool = Field(default=False, description="the model processes tokenize, a batch at a time, "
                                                                "not the serving process (reward.tokenize_in_model)")
+    cpu_linear: str = Field(default="torch", description="how scoring passes run the linear layers: torch's own or "
+                                                          "oneDNN's (reward.cpu_linear; chosen at start-up by default)")
 
 
 class ModelResponse(BaseModel):
