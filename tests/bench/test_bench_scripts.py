@@ -38,6 +38,8 @@ SCRIPTS = [
                  {"servers", "best_settings", "ceiling_items_per_s", "ceiling_fraction", "scores_match",
                   "ratio_vs_best_peer_reason", "default_vs_best", "default_settings"}, marks=pytest.mark.slow,
                  id="reward_http"),
+    pytest.param("linear_kernel.py", ["--models", "tiny-hd32", "--batch", "4", "--passes", "1", "--rounds", "2"],
+                 {"bench", "cpu", "models"}, id="linear_kernel"),
     pytest.param("step.py", ["--steps", "1", "--warmup", "1", "--mode", "rule"],
                  {"bench", "inprocess", "services", "overhead"}, marks=pytest.mark.slow, id="step"),
     pytest.param("experiment.py", ["--smoke", "--seeds", "0", "--parallel", "2"],
