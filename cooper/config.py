@@ -297,8 +297,9 @@ class RewardConfig(TrainerDurability):
     cpu_linear: Literal["auto", "torch", "onednn"] = "auto"
     """How a float32 model on a CPU runs its linear layers when scoring: "torch" (MKL on x86 builds), "onednn", or
     "auto": time a pass each way at start-up and take oneDNN only when it is clearly faster. On AMD CPUs MKL takes
-    a path without AVX-512 and oneDNN does not: SmolLM2-135M scored 1.65x as fast with it on a Zen 5; the tiny
-    models, whose layers are too small to gain, keep torch's. Training passes always run torch's (verify_rm.py)."""
+    a path without AVX-512 and oneDNN does not: the service served SmolLM2-135M 1.58x as fast with it on a Zen 5
+    (docs/benchmarks.md); the tiny models, whose layers are too small to gain, keep torch's. Training passes always
+    run torch's (verify_rm.py)."""
     discrete: bool = False
     """Reward = 1[sigmoid(logit) > 0.5] instead of sigmoid(logit)."""
     model_process: bool = True

@@ -12,9 +12,9 @@ rounding (tested to 1e-5). The model's own pooling picks the last non-pad token;
 
 Linear layers on a CPU (reward.cpu_linear): torch's x86 builds run a float32 linear layer through MKL, which on AMD
 CPUs takes a code path without AVX-512; oneDNN, in the same build, does not. SmolLM2-135M's linear layers (85% of a
-forward pass) ran at about 100 GFLOP/s a core through MKL and 210 through oneDNN on a Zen 5, 1.65x on the whole
-pass; on the tiny models' 64-wide layers oneDNN's conversions cost more than it saves. So the scoring passes may run
-the linear layers through oneDNN (`use_linear_kernel`), chosen by timing both (`choose_linear_kernel`); training
+forward pass) ran at about 100 GFLOP/s a core through MKL and 210 through oneDNN on a Zen 5, 1.4-1.8x on the whole
+pass (`bench/linear_kernel.py`); on the tiny models' 64-wide layers the two are within noise. So scoring passes may
+run the linear layers through oneDNN (`use_linear_kernel`), chosen by timing both (`choose_linear_kernel`); training
 passes (autograd on) always run torch's own, so the weights an update makes do not depend on the choice.
 """
 
@@ -41,7 +41,7 @@ LINEAR_KERNELS = ("torch", "onednn")
 """How a CPU float32 model's linear layers run in scoring passes: torch's own (MKL on x86) or oneDNN's."""
 ONEDNN_MUST_WIN = 0.75
 """`choose_linear_kernel` takes oneDNN only when its passes take at most this share of torch's. Far from both
-measured cases (0.54 for SmolLM2, 1.2 for the tiny models on a Zen 5), so that the timing never flips the choice
+measured cases (0.55 for SmolLM2, 1.2-1.3 for the tiny models on a Zen 5), so that the timing never flips the choice
 between two starts of one service: scores feed the policy's updates, and a run and its resume would otherwise
 differ in their last bits."""
 
