@@ -90,15 +90,15 @@ class RewardCore:
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         core = cls._load_replica(config) if config.role == "replica" else cls._load_trainer(config, writes)
-        kernel_reason = None
+        kernel_reasons: list[str] = []
         if config.cpu_linear != "auto":
             core.rm.use_linear_kernel(config.cpu_linear)
         elif writes:  # first, as the batch calibration times passes; the other copies take this choice
             kernel, why = core.rm.choose_linear_kernel(min(CALIBRATION_TOKENS, config.max_length))
-            kernel_reason = f"cpu_linear={kernel}: {why}"
+            kernel_reasons = [f"cpu_linear={kernel}: {why}"]
         if writes:  # the other model copies take this one's choice (RewardService.create: use_batching)
-            core.config, core.batching_reasons, core.spread_waits_ms = with_batching(config, core._calibration_pass)
-            core.batching_reasons += [kernel_reason] if kernel_reason else []
+            core.config, reasons, core.spread_waits_ms = with_batching(config, core._calibration_pass)
+            core.batching_reasons = reasons + kernel_reasons
         return core
 
     @classmethod

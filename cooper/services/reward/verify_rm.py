@@ -101,8 +101,8 @@ def _onednn_linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`layer(x)` through oneDNN when nothing needs autograd and x is float32 on a CPU, else torch's own."""
     if torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, layer.weight, layer.bias)
-    bias = None if layer.bias is None else layer.bias.to_mkldnn()
-    return torch._C._nn.mkldnn_linear(x.to_mkldnn(), layer.weight, bias).to_dense()
+    # Weight and bias go as they are (oneDNN reads dense tensors): only the input and output are converted.
+    return torch._C._nn.mkldnn_linear(x.to_mkldnn(), layer.weight, layer.bias).to_dense()
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
