@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,16 +27,10 @@ from cooper.runtime.models import resolve_model
 from cooper.services.reward.items import ScoreItem
 from cooper.services.reward.serving_defaults import CALIBRATION_TOKENS
 from cooper.services.reward.verify_rm import VerifyRM
+from cooper.tiny.ship import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # bench.reward_http's items
-
-
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo", encoding="utf-8"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def measure(model: str, batch: int, passes: int, rounds: int) -> dict:
